@@ -1,0 +1,49 @@
+"""The `tokentrail` command: one subcommand per process or tool.
+
+Each subcommand lives in the module that owns it; that module exposes
+``configure(parser)`` (adds its arguments) and ``main(args) -> int``. Modules are
+imported only when their subcommand runs, so `tokentrail kafka status` never
+imports faust and `tokentrail policy` never imports confluent_kafka.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "kafka": ("compose.kafka_broker", "run a local Apache Kafka broker from Maven Central jars"),
+    "policy": ("compose.policy.cli", "run the vLLM-compatible reference policy server"),
+    "intercept": ("producers.cli", "run the capture interceptor in front of a model server"),
+    "finish": ("producers.finish_cli", "publish RolloutFinished for a rollout"),
+    "process": ("processors.cli", "run the Faust fold processor"),
+    "consume": ("consumers.cli", "rebuild finished rollouts and deliver them to a sink"),
+    "topics": ("compose.topics_cli", "create the tokentrail topics on a broker"),
+    "demo": ("compose.demo", "bring the stack up, run sample rollouts, print the table"),
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """Build the parser; only the chosen subcommand's module is imported."""
+    parser = argparse.ArgumentParser(prog="tokentrail", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        sp.set_defaults(_module=module_name)
+        if name == chosen:
+            importlib.import_module(module_name).configure(sp)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
+    module = importlib.import_module(args._module)
+    return int(module.main(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
