@@ -1,0 +1,109 @@
+"""The processor's lineage authority: verify parent claims, resolve cold calls (pure).
+
+The processor sees every call of a rollout in order, so it decides each call's
+parent from the events alone, whatever the interceptor that served it knew:
+
+- A full-prompt call: the candidates are the calls whose continuation
+  fingerprint equals the call's request fingerprint (plus the parent the
+  interceptor claimed); a candidate is verified when the digest of the child's
+  prompt prefix of the candidate's cumulative length equals the candidate's
+  digest. One verified candidate (or several with identical tokens, collapsed
+  to the smallest call id, preferring the claim) is the parent; several
+  different ones are ambiguous; none leaves the call a root (no model-authored
+  history) or unresolved. The prompt is then stored as a delta against the
+  verified parent, so state and snapshots grow with new tokens only.
+- A delta call: its claim is verified in O(1): the parent exists, its digest is
+  the ``parent_digest`` the delta refers to, and the lengths add up. The builder
+  re-verifies the full digest after materialising the delta.
+
+Every decision is recorded as a ``lineage_note`` for replay and diagnosis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from schemas.hashing import compute_digest
+from schemas.records import CallCaptured, ParentResolution
+
+if TYPE_CHECKING:
+    from processors.fold import _Txn
+
+VERIFIED = "verified"
+RESOLVED_BY_PROCESSOR = "resolved_by_processor"
+ROOT = "root"
+
+
+def decide(txn: _Txn, call: CallCaptured) -> tuple[CallCaptured, str]:
+    """The call as it is stored (verified lineage, delta prompt) and how that was decided."""
+    if call.prompt_is_delta:
+        return call, _verify_delta(txn, call)
+    return _resolve_full(txn, call)
+
+
+def _verify_delta(txn: _Txn, call: CallCaptured) -> str:
+    assert call.parent_call_id is not None  # record invariant: delta => RESOLVED
+    parent = txn.get_call(call.parent_call_id)
+    if parent is None:
+        return f"delta_parent_missing:{call.parent_call_id}"
+    expected_len = parent.call.cum_len + len(call.prompt_token_ids) + len(call.generation_token_ids)
+    if parent.call.digest != call.parent_digest or expected_len != call.cum_len:
+        return f"delta_parent_mismatch:{call.parent_call_id}"
+    return VERIFIED
+
+
+def _resolve_full(txn: _Txn, call: CallCaptured) -> tuple[CallCaptured, str]:
+    claimed = call.parent_call_id
+    prompt = call.prompt_token_ids
+    candidates: dict[str, tuple[int, str]] = {}
+    if call.request_fingerprint:
+        index = txn.get_index(call.request_fingerprint)
+        for entry in index.entries if index else ():
+            candidates[entry.call_id] = (entry.cum_len, entry.digest)
+    if claimed is not None and claimed not in candidates:
+        parent = txn.get_call(claimed)
+        if parent is not None:
+            candidates[claimed] = (parent.call.cum_len, parent.call.digest)
+    candidates.pop(call.model_call_id, None)
+    verified = {
+        call_id: key
+        for call_id, key in candidates.items()
+        if key[0] <= len(prompt) and compute_digest(prompt[: key[0]]) == key[1]
+    }
+    distinct = set(verified.values())
+    if len(distinct) == 1:
+        # Identical cumulative tokens are interchangeable; prefer the claim, else the smallest id.
+        parent_id = claimed if claimed in verified else min(verified)
+        cum_len, digest = verified[parent_id]
+        stored = dataclasses.replace(
+            call,
+            parent_call_id=parent_id,
+            parent_resolution=ParentResolution.RESOLVED,
+            parent_resolution_reason="",
+            parent_digest=digest,
+            prompt_token_ids=prompt[cum_len:],
+            prompt_is_delta=True,
+        )
+        if claimed == parent_id:
+            return stored, VERIFIED
+        note = RESOLVED_BY_PROCESSOR if claimed is None else f"{RESOLVED_BY_PROCESSOR}:claimed={claimed}"
+        return stored, note
+    if len(distinct) > 1:
+        reason, note = "ambiguous", f"ambiguous:{','.join(sorted(verified))}"
+    elif not call.request_fingerprint and claimed is None:
+        return _as(call, ParentResolution.ROOT, ""), ROOT
+    elif claimed is not None:
+        reason, note = "parent_digest_mismatch", f"parent_digest_mismatch:claimed={claimed}"
+    else:
+        reason = call.parent_resolution_reason or "no_match"
+        note = f"unresolved:{reason}"
+    return _as(call, ParentResolution.UNRESOLVED, reason), note
+
+
+def _as(call: CallCaptured, resolution: ParentResolution, reason: str) -> CallCaptured:
+    if call.parent_resolution is resolution and call.parent_resolution_reason == reason and not call.parent_call_id:
+        return call
+    return dataclasses.replace(
+        call, parent_call_id=None, parent_resolution=resolution, parent_resolution_reason=reason, parent_digest=""
+    )

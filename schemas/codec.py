@@ -1,0 +1,284 @@
+"""Avro single-object encoding of the contract records, with fastavro only.
+
+Wire form: ``C3 01`` + the 8-byte little-endian CRC-64-AVRO fingerprint of the
+writer schema's parsing canonical form + the Avro binary body (Avro 1.12
+specification, "Single object encoding"). The ``.avsc`` files in
+``schemas/avro`` are the source of truth; ``schemas/avro/history`` keeps every
+writer schema ever released, and a reader accepts all of them (resolving old
+writers to the current reader schema). A record from an unknown writer schema,
+or with a ``schema_version`` newer than this reader supports, is refused with a
+message that says to upgrade the reader.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from enum import StrEnum
+from functools import cache
+from importlib import resources
+from typing import Any, Generic, TypeVar
+
+import fastavro
+from fastavro.schema import fingerprint, load_schema, parse_schema, to_parsing_canonical_form
+
+from schemas.errors import CodecError, SchemaVersionError
+from schemas.records import (
+    EVENT_SCHEMA_VERSION,
+    REBUILT_SCHEMA_VERSION,
+    SNAPSHOT_SCHEMA_VERSION,
+    CallCaptured,
+    CallFacts,
+    CallIncomplete,
+    CallSpan,
+    CaptureMetrics,
+    Dialect,
+    MaskReason,
+    ParentResolution,
+    RebuiltRollout,
+    RetireRequested,
+    RolloutEvent,
+    RolloutFinished,
+    Snapshot,
+    SnapshotCall,
+    TerminalAttribution,
+    Trajectory,
+)
+
+MAGIC = b"\xc3\x01"
+_HEADER_LEN = 10
+
+T = TypeVar("T")
+
+# How nested fields convert: a record class, [record class] for arrays of
+# records, an enum class, or the event-body union.
+_BODY_NAMES: dict[type, str] = {
+    CallCaptured: "tokentrail.CallCaptured",
+    CallIncomplete: "tokentrail.CallIncomplete",
+    RolloutFinished: "tokentrail.RolloutFinished",
+    RetireRequested: "tokentrail.RetireRequested",
+}
+_BODY_TYPES = {name: cls for cls, name in _BODY_NAMES.items()}
+_BODY = object()
+_NESTED: dict[type, dict[str, Any]] = {
+    CallFacts: {"dialect": Dialect},
+    CallCaptured: {"facts": CallFacts, "parent_resolution": ParentResolution},
+    RolloutEvent: {"body": _BODY},
+    SnapshotCall: {"call": CallCaptured},
+    Snapshot: {"calls": [SnapshotCall], "incomplete_markers": [CallIncomplete], "finished": RolloutFinished},
+    Trajectory: {"spans": [CallSpan]},
+    CaptureMetrics: {"terminal_attribution": TerminalAttribution},
+    RebuiltRollout: {"mask_reasons": [MaskReason], "trajectory": Trajectory, "metrics": CaptureMetrics},
+}
+
+
+def register_nested(cls: type, nested: dict[str, Any]) -> None:
+    """Declare how a record type's nested fields convert (for record types defined outside schemas)."""
+    _NESTED[cls] = nested
+
+
+@cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def to_avro(obj: Any) -> dict[str, Any]:
+    """Plain Avro datum (dicts, lists, str) of a record; enums become their symbol."""
+    cls = type(obj)
+    nested = _NESTED.get(cls, {})
+    out: dict[str, Any] = {}
+    for name in _field_names(cls):
+        value = getattr(obj, name)
+        kind = nested.get(name)
+        if kind is None or value is None:
+            out[name] = value
+        elif kind is _BODY:
+            out[name] = (_BODY_NAMES[type(value)], to_avro(value))
+        elif isinstance(kind, list):
+            out[name] = [to_avro(v) for v in value]
+        elif isinstance(kind, type) and issubclass(kind, StrEnum):
+            out[name] = str(value)
+        else:
+            out[name] = to_avro(value)
+    return out
+
+
+def from_avro(cls: type[T], datum: dict[str, Any]) -> T:
+    """Record of type ``cls`` from a decoded Avro datum (the inverse of ``to_avro``)."""
+    nested = _NESTED.get(cls)
+    if nested:
+        datum = dict(datum)
+        for name, kind in nested.items():
+            value = datum.get(name)
+            if value is None:
+                continue
+            if kind is _BODY:
+                type_name, body = value
+                datum[name] = from_avro(_BODY_TYPES[type_name], body)
+            elif isinstance(kind, list):
+                datum[name] = [from_avro(kind[0], v) for v in value]
+            elif isinstance(kind, type) and issubclass(kind, StrEnum):
+                datum[name] = kind(value)
+            else:
+                datum[name] = from_avro(kind, value)
+    return cls(**datum)
+
+
+def _schema_dir() -> Any:
+    return resources.files("schemas") / "avro"
+
+
+def _fingerprint_of(parsed: Any) -> bytes:
+    # fastavro's CRC-64-AVRO hex is already in wire (little-endian) byte order.
+    return bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
+
+
+class RecordCodec(Generic[T]):
+    """Encoder/decoder of one top-level record type (event, snapshot, rebuilt)."""
+
+    def __init__(self, cls: type[T], schema_name: str, supported_version: int) -> None:
+        self.cls = cls
+        self.schema_name = schema_name
+        self.supported_version = supported_version
+        with resources.as_file(_schema_dir() / f"tokentrail.{schema_name}.avsc") as path:
+            self.schema = load_schema(str(path))
+        self.fingerprint = _fingerprint_of(self.schema)
+        self._writers: dict[bytes, Any] = {self.fingerprint: self.schema}
+        for old in _history(schema_name):
+            self._writers.setdefault(_fingerprint_of(old), old)
+        self._header = MAGIC + self.fingerprint
+
+    def encode(self, record: T) -> bytes:
+        buf = io.BytesIO()
+        buf.write(self._header)
+        try:
+            fastavro.schemaless_writer(buf, self.schema, to_avro(record))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise CodecError(f"cannot encode {self.schema_name}: {exc}") from exc
+        return buf.getvalue()
+
+    def decode_datum(self, data: bytes) -> dict[str, Any]:
+        """Decoded Avro datum, after the magic, fingerprint and version checks."""
+        if not isinstance(data, (bytes, bytearray, memoryview)) or bytes(data[:2]) != MAGIC:
+            head = bytes(data[:12]).hex() if isinstance(data, (bytes, bytearray, memoryview)) else type(data).__name__
+            raise CodecError(
+                f"not an Avro single-object encoded {self.schema_name}: expected the marker c301, got {head!r}"
+            )
+        fp = bytes(data[2:_HEADER_LEN])
+        writer = self._writers.get(fp)
+        if writer is None:
+            raise SchemaVersionError(
+                f"{self.schema_name} written with unknown schema fingerprint {fp.hex()}: it was probably "
+                "written by a newer tokentrail; upgrade the reader (pip install -U tokentrail)"
+            )
+        try:
+            reader = None if writer is self.schema else self.schema
+            datum = fastavro.schemaless_reader(
+                io.BytesIO(bytes(data[_HEADER_LEN:])),
+                writer,
+                reader,
+                return_record_name=True,
+                return_record_name_override=True,
+            )
+        except Exception as exc:  # fastavro raises many types on truncated/corrupt input
+            raise CodecError(f"corrupt {self.schema_name} body ({type(exc).__name__}: {exc})") from exc
+        version = datum.get("schema_version")
+        if isinstance(version, int) and version > self.supported_version:
+            raise SchemaVersionError(
+                f"{self.schema_name} has schema_version {version}, newer than the {self.supported_version} this "
+                "reader supports; upgrade the reader (pip install -U tokentrail) before consuming it"
+            )
+        return datum
+
+    def decode(self, data: bytes) -> T:
+        datum = self.decode_datum(data)
+        try:
+            return from_avro(self.cls, datum)
+        except (TypeError, ValueError) as exc:
+            raise CodecError(f"{self.schema_name} violates the contract: {exc}") from exc
+
+
+def _history(schema_name: str) -> list[Any]:
+    """Every archived writer schema of ``schema_name`` (schemas/avro/history/<name>.*.json)."""
+    out = []
+    for entry in (_schema_dir() / "history").iterdir():
+        if entry.name.startswith(f"{schema_name}.") and entry.name.endswith(".json"):
+            out.append(parse_schema(json.loads(entry.read_text())))
+    return out
+
+
+@cache
+def event_codec() -> RecordCodec[RolloutEvent]:
+    return RecordCodec(RolloutEvent, "RolloutEvent", EVENT_SCHEMA_VERSION)
+
+
+@cache
+def snapshot_codec() -> RecordCodec[Snapshot]:
+    return RecordCodec(Snapshot, "Snapshot", SNAPSHOT_SCHEMA_VERSION)
+
+
+@cache
+def rebuilt_codec() -> RecordCodec[RebuiltRollout]:
+    return RecordCodec(RebuiltRollout, "RebuiltRollout", REBUILT_SCHEMA_VERSION)
+
+
+def encode_event(event: RolloutEvent) -> bytes:
+    return event_codec().encode(event)
+
+
+def decode_event(data: bytes) -> RolloutEvent:
+    return event_codec().decode(data)
+
+
+def encode_snapshot(snapshot: Snapshot) -> bytes:
+    return snapshot_codec().encode(snapshot)
+
+
+def decode_snapshot(data: bytes) -> Snapshot:
+    return snapshot_codec().decode(data)
+
+
+def encode_rebuilt(rollout: RebuiltRollout) -> bytes:
+    return rebuilt_codec().encode(rollout)
+
+
+def decode_rebuilt(data: bytes) -> RebuiltRollout:
+    return rebuilt_codec().decode(data)
+
+
+def _skip_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """Read one zig-zag varint at ``pos``; return (value, next position)."""
+    shift = result = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+
+
+def event_body_bytes(data: bytes) -> bytes:
+    """The Avro bytes of an encoded event's body (its payload without the envelope).
+
+    Two events carrying the same call have equal body bytes whatever their event
+    ids, so the fold hashes these to tell a duplicate from a conflicting payload.
+    For events from an archived (older) writer schema the body is re-encoded.
+    """
+    c = event_codec()
+    if bytes(data[2:_HEADER_LEN]) != c.fingerprint:
+        ev = decode_event(data)
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, c.schema, to_avro(ev))
+        return event_body_bytes(c._header + buf.getvalue())
+    pos = _HEADER_LEN
+    for _ in range(2):  # event_id, rollout_id
+        length, pos = _skip_varint(data, pos)
+        pos += length
+    _, pos = _skip_varint(data, pos)  # emitted_at
+    length, pos = _skip_varint(data, pos)  # source
+    pos += length
+    _, pos = _skip_varint(data, pos)  # schema_version
+    _, pos = _skip_varint(data, pos)  # union branch
+    return bytes(data[pos:])

@@ -1,0 +1,279 @@
+"""Record types of the wire contract, mirroring the ``.avsc`` files in ``schemas/avro``.
+
+Records are frozen dataclasses whose field names equal the Avro field names (a
+test checks that they stay equal). Invariants that span fields are checked at
+construction, so an invalid record cannot be built, encoded or folded:
+
+- one log-prob per generated token;
+- RESOLVED has a parent id, ROOT and UNRESOLVED have none;
+- a delta prompt is relative to a RESOLVED parent;
+- ``cum_len`` covers at least the arrays the record carries.
+
+Version constants: a reader refuses a record whose ``schema_version`` is newer
+than it supports (``schemas.codec``). Additive optional fields do not bump the
+version; a changed meaning does.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Union
+
+from schemas.errors import ContractError
+
+EVENT_SCHEMA_VERSION = 1
+SNAPSHOT_SCHEMA_VERSION = 1
+REBUILT_SCHEMA_VERSION = 1
+
+_FROZEN = dict(frozen=True, slots=True, kw_only=True)
+
+
+class ParentResolution(StrEnum):
+    ROOT = "ROOT"
+    RESOLVED = "RESOLVED"
+    UNRESOLVED = "UNRESOLVED"
+
+
+class Dialect(StrEnum):
+    CHAT_COMPLETIONS = "CHAT_COMPLETIONS"
+    ANTHROPIC_MESSAGES = "ANTHROPIC_MESSAGES"
+    RESPONSES = "RESPONSES"
+    UNKNOWN = "UNKNOWN"
+
+
+class IncompleteReason(StrEnum):
+    """Why a call's tokens were lost. The wire field is a string, so readers accept unknown reasons."""
+
+    UPSTREAM_ERROR = "upstream_error"
+    MISSING_TOKEN_IDS = "missing_token_ids"
+    PARTIAL_TOKEN_METADATA = "partial_token_metadata"
+    UNKNOWN_ROUTE = "unknown_route"
+    STREAM_INTERRUPTED = "stream_interrupted"
+    CAPTURE_EXCEPTION = "capture_exception"
+    PREFIX_NOT_APPLIED = "prefix_not_applied"
+    CLIENT_DISCONNECTED = "client_disconnected"
+
+
+@dataclass(**_FROZEN)
+class CallFacts:
+    route: str
+    dialect: Dialect = Dialect.UNKNOWN
+    streamed: bool = False
+    requested_model: str = ""
+    served_model: str = ""
+    tools_present: bool = False
+    tool_schema_digest: str = ""
+    system_prompt_digest: str = ""
+    max_tokens: int | None = None
+    sampling_json: str = "{}"
+    user_agent: str = ""
+    harness_session_id: str = ""
+    policy_version: str | None = None
+    policy_version_source: str = ""
+    response_id: str = ""
+
+
+@dataclass(**_FROZEN)
+class CallCaptured:
+    model_call_id: str
+    created_at: float
+    prompt_token_ids: list[int]
+    generation_token_ids: list[int]
+    generation_log_probs: list[float]
+    parent_resolution: ParentResolution
+    cum_len: int
+    digest: str
+    facts: CallFacts
+    parent_digest: str = ""
+    model: str = ""
+    prompt_is_delta: bool = False
+    output_items_json: str = "[]"
+    token_item_index: int | None = None
+    routed_experts_json: str | None = None
+    parent_call_id: str | None = None
+    parent_resolution_reason: str = ""
+    request_fingerprint: str = ""
+    continuation_fingerprint: str = ""
+    continuation_context_len: int = 0
+    continuation_context_digest: str = ""
+    fingerprint_version: int = 1
+    prefix_requested: bool = False
+    prefix_supplied: bool = False
+
+    def __post_init__(self) -> None:
+        n_gen = len(self.generation_token_ids)
+        if len(self.generation_log_probs) != n_gen:
+            raise ContractError(
+                f"call {self.model_call_id}: generation_log_probs has {len(self.generation_log_probs)} "
+                f"values for {n_gen} generation_token_ids; the engine must return one log-prob per token"
+            )
+        resolved = self.parent_resolution is ParentResolution.RESOLVED
+        if resolved != (self.parent_call_id is not None):
+            raise ContractError(
+                f"call {self.model_call_id}: parent_resolution={self.parent_resolution} with "
+                f"parent_call_id={self.parent_call_id!r}; RESOLVED needs a parent id, ROOT/UNRESOLVED must have none"
+            )
+        if self.prompt_is_delta and not resolved:
+            raise ContractError(
+                f"call {self.model_call_id}: prompt_is_delta needs a RESOLVED parent "
+                f"(got {self.parent_resolution}); store the full prompt instead"
+            )
+        carried = len(self.prompt_token_ids) + n_gen
+        if self.cum_len < carried or (not self.prompt_is_delta and self.cum_len != carried):
+            raise ContractError(
+                f"call {self.model_call_id}: cum_len={self.cum_len} but the record carries {carried} tokens "
+                f"(prompt_is_delta={self.prompt_is_delta}); cum_len is the FULL prompt+generation length"
+            )
+
+    @property
+    def prompt_len(self) -> int:
+        """Length of the full prompt (also for delta records)."""
+        return self.cum_len - len(self.generation_token_ids)
+
+    @property
+    def output_items(self) -> list[dict[str, Any]]:
+        return json.loads(self.output_items_json)
+
+
+@dataclass(**_FROZEN)
+class CallIncomplete:
+    reason: str
+    model_call_id: str | None = None
+    http_status: int | None = None
+    route: str = ""
+    detail: str = ""
+    created_at: float = 0.0
+
+
+@dataclass(**_FROZEN)
+class RolloutFinished:
+    attempt: int = 0
+    result_json: str = "{}"
+    final_response_id: str | None = None
+    final_text: str | None = None
+
+    @property
+    def result(self) -> Any:
+        return json.loads(self.result_json)
+
+
+@dataclass(**_FROZEN)
+class RetireRequested:
+    snapshot_id: str
+    version: int
+    consumer: str = ""
+
+
+Body = Union[CallCaptured, CallIncomplete, RolloutFinished, RetireRequested]
+
+
+@dataclass(**_FROZEN)
+class RolloutEvent:
+    event_id: str
+    rollout_id: str
+    emitted_at: int
+    source: str
+    body: Body
+    schema_version: int = EVENT_SCHEMA_VERSION
+
+
+@dataclass(**_FROZEN)
+class SnapshotCall:
+    seq: int
+    call: CallCaptured
+    late: bool = False
+    lineage_note: str = ""
+
+
+@dataclass(**_FROZEN)
+class Snapshot:
+    rollout_id: str
+    snapshot_id: str
+    version: int
+    frozen_at: int
+    calls: list[SnapshotCall]
+    incomplete: bool
+    incomplete_markers: list[CallIncomplete]
+    finished: RolloutFinished
+    conflicting_call_ids: list[str] = field(default_factory=list)
+    late_writes: int = 0
+    schema_version: int = SNAPSHOT_SCHEMA_VERSION
+
+
+@dataclass(**_FROZEN)
+class MaskReason:
+    code: str
+    detail: str = ""
+    call_ids: list[str] = field(default_factory=list)
+
+
+@dataclass(**_FROZEN)
+class CallSpan:
+    model_call_id: str
+    start: int
+    generation_start: int
+    end: int
+    policy_version: str | None = None
+
+
+@dataclass(**_FROZEN)
+class Trajectory:
+    token_ids: list[int]
+    loss_mask: bytes
+    log_probs: list[float]
+    prompt_len: int
+    spans: list[CallSpan]
+
+    def __post_init__(self) -> None:
+        if len(self.loss_mask) != len(self.token_ids):
+            raise ContractError(
+                f"trajectory loss_mask has {len(self.loss_mask)} entries for {len(self.token_ids)} tokens"
+            )
+        generated = self.loss_mask.count(1)
+        if generated != len(self.log_probs):
+            raise ContractError(
+                f"trajectory has {generated} generated tokens but {len(self.log_probs)} log-probs"
+            )
+
+
+@dataclass(**_FROZEN)
+class TerminalAttribution:
+    chain: str | None = None
+    method: str = "none"
+    call_id: str | None = None
+
+
+@dataclass(**_FROZEN)
+class CaptureMetrics:
+    n_calls: int
+    roots: int
+    chains: int
+    delivered_fraction: float
+    quarantined_calls: int
+    quarantined_fraction: float
+    empty_generation_calls: int
+    unresolved_parent_calls: int
+    parent_link_failures: dict[str, int]
+    generated_tokens_captured: int
+    generated_tokens_delivered: int
+    capture_incomplete: bool
+    terminal_attribution: TerminalAttribution
+    side_calls_excluded: int = 0
+    error: str | None = None
+    detail_json: str = "{}"
+
+
+@dataclass(**_FROZEN)
+class RebuiltRollout:
+    rollout_id: str
+    snapshot_id: str
+    version: int
+    mask_sample: bool
+    mask_reasons: list[MaskReason]
+    trajectory: Trajectory | None
+    metrics: CaptureMetrics
+    response_json: str | None = None
+    result_json: str = "{}"
+    schema_version: int = REBUILT_SCHEMA_VERSION
