@@ -1,0 +1,10 @@
+"""Pure rebuild: a frozen snapshot in, one token-exact trajectory and a mask decision out.
+
+Imports no framework (checked by ``tests/unit/test_architecture.py``).
+"""
+
+from consumers.rebuild.builder import rebuild
+from consumers.rebuild.output import to_json_dict
+from consumers.rebuild.rules import RebuildRules
+
+__all__ = ["RebuildRules", "rebuild", "to_json_dict"]

@@ -1,0 +1,64 @@
+"""The JSON form of a rebuilt rollout (one object per rollout; what the JSONL sink writes)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from schemas.records import RebuiltRollout
+
+
+def to_json_dict(rollout: RebuiltRollout, *, include_response: bool = True) -> dict[str, Any]:
+    """``{rollout_id, snapshot_id, version, mask_sample, mask_reasons, trajectory, response, result,
+    _ng_token_capture}``; ``mask_sample`` is always present."""
+    m = rollout.metrics
+    traj = rollout.trajectory
+    return {
+        "rollout_id": rollout.rollout_id,
+        "snapshot_id": rollout.snapshot_id,
+        "version": rollout.version,
+        "mask_sample": rollout.mask_sample,
+        "mask_reasons": [{"code": r.code, "detail": r.detail, "call_ids": r.call_ids} for r in rollout.mask_reasons],
+        "trajectory": None
+        if traj is None
+        else {
+            "token_ids": traj.token_ids,
+            "loss_mask": list(traj.loss_mask),
+            "log_probs": traj.log_probs,
+            "prompt_len": traj.prompt_len,
+            "spans": [
+                {
+                    "model_call_id": s.model_call_id,
+                    "start": s.start,
+                    "generation_start": s.generation_start,
+                    "end": s.end,
+                    "policy_version": s.policy_version,
+                }
+                for s in traj.spans
+            ],
+        },
+        "response": json.loads(rollout.response_json) if include_response and rollout.response_json else None,
+        "result": json.loads(rollout.result_json),
+        "_ng_token_capture": {
+            "n_calls": m.n_calls,
+            "roots": m.roots,
+            "chains": m.chains,
+            "delivered_fraction": m.delivered_fraction,
+            "quarantined_calls": m.quarantined_calls,
+            "quarantined_fraction": m.quarantined_fraction,
+            "empty_generation_calls": m.empty_generation_calls,
+            "unresolved_parent_calls": m.unresolved_parent_calls,
+            "parent_link_failures": m.parent_link_failures,
+            "generated_tokens_captured": m.generated_tokens_captured,
+            "generated_tokens_delivered": m.generated_tokens_delivered,
+            "capture_incomplete": m.capture_incomplete,
+            "side_calls_excluded": m.side_calls_excluded,
+            "terminal_attribution": {
+                "chain": m.terminal_attribution.chain,
+                "method": m.terminal_attribution.method,
+                "call_id": m.terminal_attribution.call_id,
+            },
+            "error": m.error,
+            **json.loads(m.detail_json),
+        },
+    }
