@@ -1,0 +1,88 @@
+"""Create tokentrail's topics on a broker, idempotently.
+
+Guarantees: after `ensure_topics` returns, the four topics exist (created now, or
+already there: their existing settings are left alone); rollout-events keeps a week of
+history so replay works, and snapshots/rebuilt accept messages up to
+``schemas.topics.MAX_MESSAGE_BYTES``. Any failure is a `TopicError` naming the topic,
+the broker and the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from schemas.topics import (DEFAULT_PARTITIONS, MAX_MESSAGE_BYTES, ROLLOUT_EVENTS_RETENTION_MS,
+                            TopicNames)
+
+
+_QUIET = logging.getLogger("tokentrail.topics.librdkafka")
+_QUIET.propagate, _QUIET.disabled = False, True
+
+
+class TopicError(Exception):
+    """A topic could not be created or the broker could not be reached."""
+
+
+def topic_configs(names: TopicNames) -> dict[str, dict[str, str]]:
+    """Topic name -> topic-level config overrides."""
+    big = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
+    return {
+        names.rollout_events: {"retention.ms": str(ROLLOUT_EVENTS_RETENTION_MS), **big},
+        names.snapshots: dict(big),
+        names.rebuilt: dict(big),
+        # Dead letters carry the undecodable event itself, so they can be as large as one.
+        names.deadletter: dict(big),
+    }
+
+
+def ensure_topics(bootstrap: str, names: TopicNames | None = None,
+                  partitions: int = DEFAULT_PARTITIONS, *, timeout: float = 30.0) -> None:
+    """Create the topics of ``names`` on ``bootstrap``; existing topics count as success.
+
+    ``timeout`` bounds the wait for the broker to answer (it may still be starting, e.g.
+    under docker compose) and then the wait for the creations.
+    """
+    names = names or TopicNames()
+    admin = AdminClient({
+        "bootstrap.servers": bootstrap,
+        # librdkafka would print every refused connection while the broker starts; what
+        # matters reaches the caller as a TopicError.
+        "logger": _QUIET,
+        "reconnect.backoff.max.ms": 1000,  # notice a broker that just came up
+    })
+    _wait_for_broker(admin, bootstrap, timeout)
+    # replication_factor=-1: the broker's default.replication.factor (1 on a dev broker).
+    new = [NewTopic(name, num_partitions=partitions, replication_factor=-1, config=config)
+           for name, config in topic_configs(names).items()]
+    futures = admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout)
+    failures = []
+    for name, future in futures.items():
+        try:
+            future.result(timeout=timeout + 5)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if err is not None and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                continue
+            failures.append(f"{name}: {err.str() if err is not None else exc}")
+        except Exception as exc:  # the future's own timeout
+            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+    if failures:
+        raise TopicError(f"could not create topics on {bootstrap}: " + "; ".join(failures))
+
+
+def _wait_for_broker(admin: AdminClient, bootstrap: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if admin.list_topics(timeout=min(2.0, max(0.1, deadline - time.monotonic()))).brokers:
+                return
+        except KafkaException:
+            pass
+        if time.monotonic() >= deadline:
+            raise TopicError(f"no Kafka broker answered at {bootstrap} within {timeout:.0f} s: "
+                             "check the address, or start one with `tokentrail kafka up`")
+        time.sleep(0.2)

@@ -1,0 +1,33 @@
+"""`tokentrail topics`: create tokentrail's topics on a broker (idempotent, safe to rerun).
+
+Exit 0 once every topic exists; 1 with a one-line reason otherwise (no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from schemas.topics import DEFAULT_PARTITIONS, TopicNames
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers, host:port[,...]")
+    parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS,
+                        help=f"partitions of each new topic (default {DEFAULT_PARTITIONS})")
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="seconds to wait for the broker to answer (default 30)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from compose.topics import TopicError, ensure_topics  # confluent_kafka only when this runs
+
+    names = TopicNames()
+    try:
+        ensure_topics(args.bootstrap, names, args.partitions, timeout=args.timeout)
+    except TopicError as exc:
+        print(f"tokentrail topics: {exc}", file=sys.stderr)
+        return 1
+    for name in (names.rollout_events, names.snapshots, names.rebuilt, names.deadletter):
+        print(name)
+    return 0
