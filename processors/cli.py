@@ -1,0 +1,40 @@
+"""``tokentrail process``: run one fold worker (a Faust worker) against a broker."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
+    parser.add_argument("--data-dir", type=Path, default=Path(".tokentrail/processor"),
+                        help="RocksDB directory for this worker (one per process)")
+    parser.add_argument("--app-id", default="tokentrail-processor", help="consumer group id / changelog prefix")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--log-level", default="WARNING")
+
+
+def main(args: argparse.Namespace) -> int:
+    from processors.settings import ProcessorSettings
+
+    try:
+        settings = ProcessorSettings(bootstrap=args.bootstrap, data_dir=args.data_dir, app_id=args.app_id,
+                                     partitions=args.partitions)
+    except ValidationError as exc:
+        print(f"tokentrail process: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from processors.app import create_app
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    app = create_app(settings)
+    # Faust's worker owns the event loop, signals and shutdown.
+    from faust.worker import Worker
+
+    Worker(app, loglevel=args.log_level.upper(), quiet=True).execute_from_commandline()
+    return 0

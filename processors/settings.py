@@ -1,0 +1,47 @@
+"""ProcessorSettings: the one typed settings model of the fold processor, validated before any I/O."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from schemas.topics import DEFAULT_PARTITIONS, TopicNames
+
+
+class RocksDBMemory(BaseModel):
+    """RocksDB memory per partition DB. Faust's defaults are 2 GiB of block cache per partition."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    block_cache_size: int = 64 << 20
+    write_buffer_size: int = 8 << 20
+    max_write_buffer_number: int = 2
+    max_open_files: int = 256
+
+    def as_options(self) -> dict[str, int]:
+        return self.model_dump()
+
+
+class ProcessorSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bootstrap: str
+    data_dir: Path = Field(Path(".tokentrail/processor"), description="Per-worker RocksDB directory (one per process)")
+    app_id: str = Field("tokentrail-processor", description="Consumer group id and changelog topic prefix")
+    partitions: int = Field(DEFAULT_PARTITIONS, ge=1)
+    topics: TopicNames = TopicNames()
+    rocksdb: RocksDBMemory = RocksDBMemory()
+    # Short group timeouts make (re)joins take seconds rather than a minute.
+    session_timeout_s: float = 10.0
+    heartbeat_interval_s: float = 1.0
+    rebalance_timeout_s: float = 10.0
+    commit_interval_s: float = 1.0
+    web_port: int | None = Field(None, description="Faust's web server (metrics); off unless set")
+
+    @field_validator("bootstrap")
+    @classmethod
+    def _bootstrap(cls, value: str) -> str:
+        if not value or any(":" not in part for part in value.split(",")):
+            raise ValueError(f"bootstrap must be host:port[,host:port], got {value!r}")
+        return value

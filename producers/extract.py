@@ -1,0 +1,114 @@
+"""Read the engine's exact tokens out of a vLLM chat-completions response, and strip them (pure).
+
+vLLM 0.33 with ``return_token_ids`` puts the prompt ids at the top level
+(``prompt_token_ids``), the generated ids on the choice (``token_ids``) and one
+log-prob per generated token in ``logprobs.content[]``. All three must be there:
+none at all means the engine returned no token ids (the call is lost for
+training); some but not all is partial metadata. Both are reported, never
+patched up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.errors import ContractError
+
+# Fields the interceptor adds upstream and must never hand to the harness.
+TOP_LEVEL_TOKEN_FIELDS = ("prompt_token_ids", "prompt_logprobs", "kv_transfer_params")
+CHOICE_TOKEN_FIELDS = ("token_ids", "routed_experts")
+
+
+class PartialTokenMetadata(ContractError):
+    """The engine returned some token metadata but not all of it."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTokens:
+    prompt_token_ids: list[int]
+    generation_token_ids: list[int]
+    generation_log_probs: list[float]
+    routed_experts: Any = None
+
+
+def extract_chat_tokens(response: dict[str, Any]) -> EngineTokens | None:
+    """The call's tokens, None when the engine sent none, PartialTokenMetadata when incomplete."""
+    choices = response.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise PartialTokenMetadata("response has no choices: cannot attribute tokens")
+    if len(choices) != 1:
+        raise PartialTokenMetadata(f"response has {len(choices)} choices; capture needs n=1")
+    choice = choices[0]
+    prompt = response.get("prompt_token_ids")
+    generation = choice.get("token_ids")
+    content = (choice.get("logprobs") or {}).get("content")
+    present = {"prompt_token_ids": prompt is not None, "choices[0].token_ids": generation is not None,
+               "choices[0].logprobs.content": content is not None}
+    if not any(present.values()):
+        return None
+    if not all(present.values()):
+        missing = sorted(k for k, v in present.items() if not v)
+        raise PartialTokenMetadata(f"engine response lacks {', '.join(missing)} (has the others)")
+    if len(content) != len(generation):
+        raise PartialTokenMetadata(
+            f"engine returned {len(content)} log-probs for {len(generation)} generated tokens"
+        )
+    try:
+        log_probs = [float(entry["logprob"]) for entry in content]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PartialTokenMetadata(f"malformed logprobs.content entry: {exc}") from exc
+    return EngineTokens(
+        prompt_token_ids=_ids(prompt, "prompt_token_ids"),
+        generation_token_ids=_ids(generation, "choices[0].token_ids"),
+        generation_log_probs=log_probs,
+        routed_experts=choice.get("routed_experts"),
+    )
+
+
+def _ids(value: Any, name: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+        raise PartialTokenMetadata(f"{name} must be a list of non-negative integers")
+    return value
+
+
+def strip_chat_response(response: dict[str, Any], *, keep_logprobs: bool) -> dict[str, Any]:
+    """A copy of the response without any token field the interceptor asked for."""
+    out = {k: v for k, v in response.items() if k not in TOP_LEVEL_TOKEN_FIELDS}
+    choices = []
+    for choice in response.get("choices") or []:
+        clean = {k: v for k, v in choice.items() if k not in CHOICE_TOKEN_FIELDS}
+        if not keep_logprobs:
+            clean["logprobs"] = None
+        choices.append(clean)
+    out["choices"] = choices
+    return out
+
+
+def chat_output_items(message: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
+    """Responses-shaped output items of a chat message (no token fields), and the carrier index.
+
+    Items: an optional reasoning item, the assistant message (always, so every
+    call has a carrier), then one ``function_call`` item per tool call. These
+    hash like the chat message a harness echoes back (schemas.hashing).
+    """
+    items: list[dict[str, Any]] = []
+    reasoning = message.get("reasoning") or message.get("reasoning_content")
+    if reasoning:
+        items.append({"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": reasoning}]})
+    content = message.get("content")
+    parts = [{"type": "output_text", "text": content, "annotations": []}] if content else []
+    items.append({"type": "message", "role": "assistant", "status": "completed", "content": parts})
+    carrier = len(items) - 1
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        items.append(
+            {
+                "type": "function_call",
+                "call_id": call.get("id", ""),
+                "name": function.get("name", ""),
+                "arguments": function.get("arguments", ""),
+                "status": "completed",
+            }
+        )
+    return items, carrier

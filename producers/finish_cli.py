@@ -1,0 +1,33 @@
+"""``tokentrail finish``: publish RolloutFinished for a rollout (the freeze request)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
+    parser.add_argument("--rollout", required=True, help="rollout id")
+    parser.add_argument("--result", default="{}", help="rollout result as JSON (reward, verifier output, ...)")
+    parser.add_argument("--final-response-id", help="response id of the harness's final answer")
+    parser.add_argument("--final-text", help="the harness's final answer text")
+    parser.add_argument("--attempt", type=int, default=0)
+
+
+def main(args: argparse.Namespace) -> int:
+    from producers.finish import finish_rollout
+    from schemas.errors import TokentrailError
+
+    try:
+        result = json.loads(args.result)
+        event_id = asyncio.run(finish_rollout(args.bootstrap, args.rollout, result,
+                                              final_response_id=args.final_response_id,
+                                              final_text=args.final_text, attempt=args.attempt))
+    except (ValueError, TokentrailError) as exc:
+        print(f"tokentrail finish: {exc}", file=sys.stderr)
+        return 2
+    print(event_id)
+    return 0

@@ -1,0 +1,25 @@
+"""Prometheus metrics of one interceptor (its own registry, so several apps can live in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class InterceptorMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.captured = Counter("tokentrail_calls_captured", "Calls captured and acknowledged by Kafka",
+                                registry=self.registry)
+        self.incomplete = Counter("tokentrail_calls_incomplete", "Calls recorded as incomplete", ["reason"],
+                                  registry=self.registry)
+        self.publish_seconds = Histogram(
+            "tokentrail_publish_seconds", "Time to an acks=all acknowledgement",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5, 30), registry=self.registry,
+        )
+        self.spool_depth = Gauge("tokentrail_spool_depth", "Events in the local spool awaiting Kafka",
+                                 registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,89 @@
+"""Interceptor unit fixtures: a recording publisher and a scripted vLLM-shaped upstream (no broker)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from producers.app import Interceptor
+from producers.settings import InterceptorSettings
+from schemas.errors import TransportError
+
+
+class RecordingPublisher:
+    """Stands in for KafkaPublisher: records events; can be told to fail or to hold acks."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+        self.fail = False
+        self.gate: asyncio.Event | None = None
+
+    async def publish(self, topic: str, event: Any) -> tuple[int, int]:
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail:
+            raise TransportError("broker down")
+        self.events.append(event)
+        return 0, len(self.events) - 1
+
+    async def close(self) -> int:
+        return 0
+
+
+def vllm_chat_response(prompt_ids, gen_ids, text="hi", tool_calls=None, *, token_ids=True, model="policy"):
+    message = {"role": "assistant", "content": text, "reasoning": None, "refusal": None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    choice = {
+        "index": 0,
+        "message": message,
+        "logprobs": {"content": [{"token": f"t{t}", "logprob": -0.25 * (i + 1), "bytes": [], "top_logprobs": []}
+                                 for i, t in enumerate(gen_ids)]} if token_ids else None,
+        "finish_reason": "tool_calls" if tool_calls else "stop",
+        "stop_reason": None,
+    }
+    body = {"id": "chatcmpl-upstream", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [choice], "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(gen_ids)}}
+    if token_ids:
+        choice["token_ids"] = gen_ids
+        body["prompt_token_ids"] = prompt_ids
+    return body
+
+
+class ScriptedUpstream:
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.responses: list[httpx.Response] = []
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append({"path": request.url.path, "body": json.loads(request.content or b"null"),
+                              "headers": dict(request.headers)})
+        if self.responses:
+            return self.responses.pop(0)
+        return httpx.Response(200, json={"object": "list", "data": [{"id": "policy"}]})
+
+
+@pytest.fixture
+def publisher():
+    return RecordingPublisher()
+
+
+@pytest.fixture
+def upstream():
+    return ScriptedUpstream()
+
+
+@pytest.fixture
+async def interceptor(publisher, upstream):
+    settings = InterceptorSettings(upstream_url="http://engine", bootstrap="unused:9092", control_token="s3cret",
+                                   sampling_overrides={"temperature": 1.0})
+    client = httpx.AsyncClient(base_url="http://engine", transport=httpx.MockTransport(upstream.handler))
+    app = Interceptor(settings, publisher=publisher, upstream=client)  # type: ignore[arg-type]
+    await app.startup()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://tt") as http:
+        yield http
+    await client.aclose()
