@@ -1,0 +1,89 @@
+"""``tokentrail policy``: run the reference policy server under uvicorn.
+
+Guarantees: settings are validated before anything binds (a bad value exits with status
+2 and a message naming it); the socket is bound before uvicorn starts, so ``--port 0``
+gets a free port, and ``policy listening on http://HOST:PORT`` is printed (flushed) on
+stdout only once the server accepts connections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+
+from pydantic import ValidationError
+
+from compose.policy.settings import FAULTS, PolicySettings
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    d = PolicySettings()
+    parser.add_argument("--host", default=d.host)
+    parser.add_argument("--port", type=int, default=d.port, help="0 picks a free port")
+    parser.add_argument("--served-model-name", default=d.served_model_name)
+    parser.add_argument("--strict-model", action="store_true", help="404 for unknown model names")
+    parser.add_argument("--reasoning", action="store_true", help="emit <think>...</think> first")
+    parser.add_argument("--honour-prefix", action="store_true",
+                        help="honour required_prefix_token_ids in requests")
+    parser.add_argument("--drop-reasoning-in-history", action="store_true",
+                        help="template drops reasoning of echoed assistant turns (drift)")
+    parser.add_argument("--weight-version", type=int, default=d.weight_version)
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--fault", action="append", default=[], choices=FAULTS,
+                        help="server-wide fault (repeatable)")
+    parser.add_argument("--stall-seconds", type=float, default=None)
+    parser.add_argument("--stall-after-chunks", type=int, default=d.stall_after_chunks)
+    parser.add_argument("--default-tool-calls", type=int, default=d.default_tool_calls)
+    parser.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    parser.add_argument("--table-rows", type=int, default=d.table_rows)
+    parser.add_argument("--logit-scale", type=float, default=d.logit_scale)
+    parser.add_argument("--vocab-words", type=int, default=None)
+    parser.add_argument("--log-level", default="warning",
+                        choices=["critical", "error", "warning", "info", "debug"])
+
+
+def settings_from_args(args: argparse.Namespace) -> PolicySettings:
+    return PolicySettings(
+        host=args.host, port=args.port, served_model_name=args.served_model_name,
+        strict_model=args.strict_model, reasoning=args.reasoning,
+        honour_prefix=args.honour_prefix, drop_reasoning_in_history=args.drop_reasoning_in_history,
+        weight_version=args.weight_version, seed=args.seed, faults=frozenset(args.fault),
+        stall_seconds=args.stall_seconds, stall_after_chunks=args.stall_after_chunks,
+        default_tool_calls=args.default_tool_calls, max_model_len=args.max_model_len,
+        table_rows=args.table_rows, logit_scale=args.logit_scale, vocab_words=args.vocab_words,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args)
+    except ValidationError as exc:
+        print(f"tokentrail policy: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from compose.policy.server import create_app
+
+    app = create_app(settings)
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as exc:
+        print(f"tokentrail policy: cannot bind {settings.host}:{settings.port}: {exc}", file=sys.stderr)
+        return 1
+    port = sock.getsockname()[1]
+    host = f"[{settings.host}]" if family == socket.AF_INET6 else settings.host
+    url = f"http://{host}:{port}"
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets=None):  # type: ignore[override]
+            await super().startup(sockets=sockets)
+            if not self.should_exit:
+                print(f"policy listening on {url}", flush=True)
+
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=False, lifespan="off")
+    _Server(config).run(sockets=[sock])
+    return 0
