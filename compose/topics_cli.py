@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from schemas.topics import DEFAULT_PARTITIONS, TopicNames
+from schemas.topics import DEFAULT_PARTITIONS, topic_names
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -17,12 +17,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"partitions of each new topic (default {DEFAULT_PARTITIONS})")
     parser.add_argument("--timeout", type=float, default=30.0,
                         help="seconds to wait for the broker to answer (default 30)")
+    parser.add_argument("--topic-prefix", default="", help="prefix of every topic name (isolation)")
 
 
 def main(args: argparse.Namespace) -> int:
     from compose.topics import TopicError, ensure_topics  # confluent_kafka only when this runs
 
-    names = TopicNames()
+    names = topic_names(args.topic_prefix)
     try:
         ensure_topics(args.bootstrap, names, args.partitions, timeout=args.timeout)
     except TopicError as exc:

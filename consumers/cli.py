@@ -20,11 +20,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sink-kwargs", default="{}", help="JSON object of keyword arguments for the sink")
     parser.add_argument("--no-response", action="store_true", help="skip the Responses projection")
     parser.add_argument("--max-rollouts", type=int, help="stop after delivering this many rollouts")
+    parser.add_argument("--topic-prefix", default="", help="prefix of every topic name (isolation)")
     parser.add_argument("--log-level", default="WARNING")
 
 
 def main(args: argparse.Namespace) -> int:
     from consumers.settings import ConsumerSettings
+    from schemas.topics import topic_names
     from schemas.errors import ConfigError
 
     try:
@@ -32,7 +34,8 @@ def main(args: argparse.Namespace) -> int:
         if args.sink_path:
             kwargs["path"] = args.sink_path
         settings = ConsumerSettings(bootstrap=args.bootstrap, group_id=args.group_id, sink=args.sink,
-                                    sink_kwargs=kwargs, project_response=not args.no_response)
+                                    sink_kwargs=kwargs, project_response=not args.no_response,
+                                    topics=topic_names(args.topic_prefix))
     except (ValidationError, ValueError) as exc:
         print(f"tokentrail consume: invalid settings: {exc}", file=sys.stderr)
         return 2

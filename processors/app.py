@@ -84,10 +84,11 @@ def create_app(settings: ProcessorSettings) -> faust.App:
                 fut = await snapshots.send(key=snapshot.rollout_id.encode(), value=encode_snapshot(snapshot))
                 await fut
             for dead in result.deadletters:
-                await deadletter.send(
+                fut = await deadletter.send(
                     key=event.key, value=event.value,
                     headers=_deadletter_headers(dead, message.topic, message.partition, message.offset),
                 )
+                await fut
                 log.warning("dead letter %s at %s[%d]@%d: %s", dead.reason, message.topic, message.partition,
                             message.offset, dead.detail)
 

@@ -16,15 +16,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="RocksDB directory for this worker (one per process)")
     parser.add_argument("--app-id", default="tokentrail-processor", help="consumer group id / changelog prefix")
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--topic-prefix", default="", help="prefix of every topic name (isolation)")
     parser.add_argument("--log-level", default="WARNING")
 
 
 def main(args: argparse.Namespace) -> int:
     from processors.settings import ProcessorSettings
+    from schemas.topics import topic_names
 
     try:
         settings = ProcessorSettings(bootstrap=args.bootstrap, data_dir=args.data_dir, app_id=args.app_id,
-                                     partitions=args.partitions)
+                                     partitions=args.partitions, topics=topic_names(args.topic_prefix))
     except ValidationError as exc:
         print(f"tokentrail process: invalid settings:\n{exc}", file=sys.stderr)
         return 2

@@ -15,12 +15,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--topic-prefix", default="", help="prefix of every topic name (isolation)")
     parser.add_argument("--sampling", default="{}", help='sampling pin, JSON, e.g. \'{"temperature": 1.0}\'')
     parser.add_argument("--log-level", default="warning")
 
 
 def main(args: argparse.Namespace) -> int:
     from producers.settings import InterceptorSettings
+    from schemas.topics import topic_names
 
     try:
         settings = InterceptorSettings(
@@ -30,6 +32,7 @@ def main(args: argparse.Namespace) -> int:
             port=args.port,
             sampling_overrides=json.loads(args.sampling),
             control_token=os.environ.get("TOKENTRAIL_CONTROL_TOKEN") or None,
+            topics=topic_names(args.topic_prefix),
         )
     except (ValidationError, ValueError) as exc:
         print(f"tokentrail intercept: invalid settings:\n{exc}", file=sys.stderr)

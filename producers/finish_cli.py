@@ -15,17 +15,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--final-response-id", help="response id of the harness's final answer")
     parser.add_argument("--final-text", help="the harness's final answer text")
     parser.add_argument("--attempt", type=int, default=0)
+    parser.add_argument("--topic-prefix", default="", help="prefix of every topic name (isolation)")
 
 
 def main(args: argparse.Namespace) -> int:
     from producers.finish import finish_rollout
+    from schemas.topics import topic_names
     from schemas.errors import TokentrailError
 
     try:
         result = json.loads(args.result)
         event_id = asyncio.run(finish_rollout(args.bootstrap, args.rollout, result,
                                               final_response_id=args.final_response_id,
-                                              final_text=args.final_text, attempt=args.attempt))
+                                              final_text=args.final_text, attempt=args.attempt,
+                                              topic=topic_names(args.topic_prefix).rollout_events))
     except (ValueError, TokentrailError) as exc:
         print(f"tokentrail finish: {exc}", file=sys.stderr)
         return 2

@@ -38,3 +38,14 @@ class TopicNames:
 def key_for(rollout_id: str) -> bytes:
     """The Kafka key of every event of ``rollout_id``."""
     return rollout_id.encode("utf-8")
+
+
+def topic_names(prefix: str = "") -> TopicNames:
+    """The default names, each prefixed (``"<prefix>tokentrail.rollout-events"``); isolates tests and tenants."""
+    base = TopicNames()
+    return TopicNames(
+        rollout_events=prefix + base.rollout_events,
+        snapshots=prefix + base.snapshots,
+        rebuilt=prefix + base.rebuilt,
+        deadletter=prefix + base.deadletter,
+    )

@@ -101,7 +101,7 @@ def _metrics(snapshot: Snapshot, graph: Graph, chain, trajectory, error) -> Capt
         "unresolved_parent_call_ids": graph.unresolved_parent_calls,
         "unresolved_retries": graph.unresolved_retries,
         "empty_generation_call_ids": graph.empty_generation_calls,
-        "chains": [[n.call_id for n in c] for c in graph.chains],
+        "chain_call_ids": [[n.call_id for n in c] for c in graph.chains],
     }
     return CaptureMetrics(
         n_calls=graph.n_calls,

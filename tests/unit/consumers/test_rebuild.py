@@ -53,7 +53,7 @@ def test_clean_chain_rebuilds_unmasked_with_contiguous_projection():
     assert (m.n_calls, m.roots, m.chains, m.delivered_fraction) == (3, 1, 1, 1.0)
     assert decode_rebuilt(encode_rebuilt(out)) == out
     j = to_json_dict(out)
-    assert j["mask_sample"] is False and j["_ng_token_capture"]["chains"] == [[c1.model_call_id, c2.model_call_id, c3.model_call_id]]
+    assert j["mask_sample"] is False and j["_ng_token_capture"]["chain_call_ids"] == [[c1.model_call_id, c2.model_call_id, c3.model_call_id]]
 
 
 def test_order_of_capture_does_not_change_the_result():

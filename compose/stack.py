@@ -1,0 +1,204 @@
+"""A local tokentrail stack as child processes: policy server, interceptor, processor, consumer.
+
+Used by the demo and the end-to-end tests. Every service is the real
+``tokentrail`` subcommand in its own process (its own event loop, signals and
+logs under ``run_dir``), talking to a real Kafka broker. ``stop()`` terminates
+them in reverse order, SIGKILL after a grace period, and never leaves one behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from compose.topics import ensure_topics
+from schemas.topics import TopicNames, topic_names
+
+
+class StackError(RuntimeError):
+    """A service did not come up; the message carries the end of its log."""
+
+
+@dataclass
+class Service:
+    name: str
+    proc: subprocess.Popen
+    log: Path
+    url: str | None = None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class LocalStack:
+    bootstrap: str
+    run_dir: Path
+    topic_prefix: str = ""
+    control_token: str = "tokentrail-demo-token"
+    policy_args: tuple[str, ...] = ()
+    intercept_args: tuple[str, ...] = ()
+    consumer_args: tuple[str, ...] = ()
+    processor_id: str = "tokentrail-processor"
+    services: dict[str, Service] = field(default_factory=dict)
+
+    @property
+    def topics(self) -> TopicNames:
+        return topic_names(self.topic_prefix)
+
+    @property
+    def rollouts_path(self) -> Path:
+        return self.run_dir / "rollouts.jsonl"
+
+    # -- lifecycle --------------------------------------------------------------
+    def start(self) -> LocalStack:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        ensure_topics(self.bootstrap, self.topics)
+        prefix = ("--topic-prefix", self.topic_prefix)
+        try:
+            policy = self._spawn("policy", "policy", "--port", "0", *self.policy_args)
+            policy.url = self._wait_line(policy, "policy listening on ").split()[-1]
+            port = _free_port()
+            interceptor = self._spawn("interceptor", "intercept", "--upstream", policy.url, "--bootstrap",
+                                      self.bootstrap, "--port", str(port), *prefix, *self.intercept_args,
+                                      env={"TOKENTRAIL_CONTROL_TOKEN": self.control_token})
+            interceptor.url = f"http://127.0.0.1:{port}"
+            self._wait_http(interceptor, "/healthz")
+            processor = self._spawn("processor", "process", "--bootstrap", self.bootstrap, "--data-dir",
+                                    str(self.run_dir / "processor"), "--app-id", self.processor_id, *prefix,
+                                    "--log-level", "INFO")
+            self._wait_line(processor, "Worker ready", timeout=90)
+            self._spawn("consumer", "consume", "--bootstrap", self.bootstrap, "--sink", "jsonl", "--sink-path",
+                        str(self.rollouts_path), "--group-id", f"{self.processor_id}-consumer", *prefix,
+                        *self.consumer_args)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for service in reversed(list(self.services.values())):
+            _terminate(service.proc)
+        self.services.clear()
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- use ----------------------------------------------------------------------
+    @property
+    def policy_url(self) -> str:
+        return str(self.services["policy"].url)
+
+    @property
+    def interceptor_url(self) -> str:
+        return str(self.services["interceptor"].url)
+
+    def capture_base_url(self, rollout_id: str) -> str:
+        """What a harness gets as its OpenAI base URL for one rollout."""
+        return f"{self.interceptor_url}/ng-rollout/{rollout_id}/training-token-capture/v1"
+
+    def finish(self, rollout_id: str, result: Any, *, final_response_id: str | None = None,
+               final_text: str | None = None) -> None:
+        r = httpx.post(f"{self.interceptor_url}/rollouts/{rollout_id}/finish", timeout=30,
+                       headers={"authorization": f"Bearer {self.control_token}"},
+                       json={"result": result, "final_response_id": final_response_id, "final_text": final_text})
+        r.raise_for_status()
+
+    def wait_rollouts(self, rollout_ids: list[str], timeout: float = 60.0) -> dict[str, dict[str, Any]]:
+        """The delivered JSON record of each rollout (the latest version), waiting for all of them."""
+        deadline = time.monotonic() + timeout
+        found: dict[str, dict[str, Any]] = {}
+        while time.monotonic() < deadline:
+            found = {}
+            if self.rollouts_path.exists():
+                for line in self.rollouts_path.read_text().splitlines():
+                    record = json.loads(line)
+                    if record["rollout_id"] in rollout_ids:
+                        found[record["rollout_id"]] = record
+            if set(found) >= set(rollout_ids):
+                return found
+            self._check_alive()
+            time.sleep(0.2)
+        missing = sorted(set(rollout_ids) - set(found))
+        raise StackError(f"rollouts {missing} were not delivered within {timeout:.0f} s\n" + self._logs())
+
+    # -- internals ----------------------------------------------------------------
+    def _spawn(self, name: str, *argv: str, env: dict[str, str] | None = None) -> Service:
+        log = self.run_dir / f"{name}.log"
+        handle = open(log, "wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "compose.cli", *argv],
+            stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
+        handle.close()
+        service = Service(name, proc, log)
+        self.services[name] = service
+        return service
+
+    def _wait_line(self, service: Service, needle: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in service.log.read_text(errors="replace").splitlines():
+                if needle in line:
+                    return line.strip()
+            if service.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise StackError(f"{service.name} did not report {needle!r}:\n{service.log_tail()}")
+
+    def _wait_http(self, service: Service, path: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{service.url}{path}", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if service.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise StackError(f"{service.name} did not answer {path}:\n{service.log_tail()}")
+
+    def _check_alive(self) -> None:
+        for service in self.services.values():
+            if service.proc.poll() is not None:
+                raise StackError(f"{service.name} exited with {service.proc.returncode}:\n{service.log_tail()}")
+
+    def _logs(self) -> str:
+        return "\n".join(f"--- {s.name} ---\n{s.log_tail(15)}" for s in self.services.values())
+
+
+def _terminate(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
