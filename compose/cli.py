@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "consume": ("consumers.cli", "rebuild finished rollouts and deliver them to a sink"),
     "topics": ("compose.topics_cli", "create the tokentrail topics on a broker"),
     "demo": ("compose.demo", "bring the stack up, run sample rollouts, print the table"),
+    "bench": ("compose.bench", "run a benchmark that prints figures"),
 }
 
 
