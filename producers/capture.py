@@ -107,6 +107,7 @@ def captured_call(
     response_id: str,
     policy_version: str | None,
     policy_version_source: str,
+    context_digest: str | None = None,
 ) -> CallCaptured:
     """The CallCaptured of a served call (full prompt; the processor resolves and verifies the parent)."""
     full = tokens.prompt_token_ids + tokens.generation_token_ids
@@ -133,7 +134,7 @@ def captured_call(
         request_fingerprint=ctx.request_fingerprint,
         continuation_fingerprint=assistant_fingerprint(ctx.items + output_items),
         continuation_context_len=len(ctx.items),
-        continuation_context_digest=conversation_digest(ctx.items),
+        continuation_context_digest=context_digest if context_digest is not None else conversation_digest(ctx.items),
         fingerprint_version=FINGERPRINT_VERSION,
         facts=facts,
     )
@@ -144,10 +145,10 @@ def _facts_dict(facts: CallFacts) -> dict[str, Any]:
 
 
 def incomplete_call(
-    ctx: CallContext | None, reason: str, *, route: str, http_status: int | None = None, detail: str = ""
+    call_id: str | None, reason: str, *, route: str, http_status: int | None = None, detail: str = ""
 ) -> CallIncomplete:
     return CallIncomplete(
-        model_call_id=ctx.model_call_id if ctx else None,
+        model_call_id=call_id,
         reason=reason,
         http_status=http_status,
         route=route,

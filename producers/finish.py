@@ -85,4 +85,5 @@ async def handle_finish(app: Interceptor, request: Request, rollout_id: str) -> 
         await app.publish_event(event)
     except TransportError as exc:
         return error_response(503, f"RolloutFinished not durable: {exc}", "capture_unavailable")
+    app.core.index.forget(rollout_id)  # a finished rollout is not continued
     return json_response({"rollout_id": rollout_id, "event_id": event.event_id})

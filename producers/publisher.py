@@ -25,6 +25,24 @@ from schemas.records import RolloutEvent
 from schemas.topics import MAX_MESSAGE_BYTES, PRODUCER_PARTITIONER, key_for
 
 
+class PublishFailed(TransportError):
+    """Kafka did not acknowledge a record. ``possibly_persisted``: the broker may hold it anyway
+    (its ack was lost), so whoever retries must check before publishing it again."""
+
+    def __init__(self, message: str, *, possibly_persisted: bool, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.possibly_persisted = possibly_persisted
+        self.permanent = permanent
+
+
+# Errors after which the record certainly never reached a broker.
+# (The Python client does not expose librdkafka's per-message persistence status, so
+# every other failure, a message timeout included, counts as possibly persisted.)
+_NOT_SENT = {confluent_kafka.KafkaError._TIMED_OUT_QUEUE, confluent_kafka.KafkaError._PURGE_QUEUE}
+# Errors no retry can fix.
+_PERMANENT = {confluent_kafka.KafkaError.MSG_SIZE_TOO_LARGE, confluent_kafka.KafkaError._INVALID_ARG}
+
+
 def producer_config(bootstrap: str, *, linger_ms: float = 1.0, delivery_timeout_ms: int = 30_000) -> dict[str, Any]:
     return {
         "bootstrap.servers": bootstrap,
@@ -65,7 +83,12 @@ class KafkaPublisher:
                 if future.done():
                     return
                 if err is not None:
-                    future.set_exception(TransportError(f"Kafka did not acknowledge the event: {err}"))
+                    code = err.code()
+                    future.set_exception(PublishFailed(
+                        f"Kafka did not acknowledge the event: {err}",
+                        possibly_persisted=code not in _NOT_SENT and code not in _PERMANENT,
+                        permanent=code in _PERMANENT,
+                    ))
                 else:
                     future.set_result((msg.partition(), msg.offset()))
 
@@ -78,7 +101,8 @@ class KafkaPublisher:
             except BufferError:
                 await asyncio.sleep(0.005)  # local queue full: back-pressure the request
             except (confluent_kafka.KafkaException, ValueError) as exc:
-                raise TransportError(f"cannot produce to {topic}: {exc}") from exc
+                raise PublishFailed(f"cannot produce to {topic}: {exc}", possibly_persisted=False,
+                                    permanent=True) from exc
         return await future
 
     async def publish(self, topic: str, event: RolloutEvent) -> tuple[int, int]:

@@ -6,6 +6,7 @@ disables capture). Secrets come from the environment, never from flags.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
@@ -29,8 +30,19 @@ class InterceptorSettings(BaseModel):
         default_factory=dict, description="Values that replace the harness's sampling parameters (temperature, top_p, ...)"
     )
     upstream_timeout_s: float = 600.0
-    publish_timeout_ms: int = Field(30_000, description="How long a capture may wait for Kafka before it counts as failed")
+    publish_timeout_ms: int = Field(
+        5_000, description="How long an event may wait for Kafka's ack before it goes to the spool instead"
+    )
     linger_ms: float = 1.0
+    spool_dir: Path | None = Field(
+        None, description="Local fsynced spool for when Kafka is down (one directory per process); None: 503 instead"
+    )
+    delta_records: bool = Field(True, description="Store only the prompt suffix after a verified parent")
+    prefix_supply: bool = Field(
+        False, description="Send the parent's exact ids as required_prefix_token_ids (the engine must honour it)"
+    )
+    index_max_rollouts: int = 65_536
+    index_max_tokens: int = Field(16_000_000, description="Token budget of the lineage index (prefix supply only)")
 
     @field_validator("upstream_url")
     @classmethod

@@ -11,7 +11,8 @@ import pytest
 
 from producers.app import Interceptor
 from producers.settings import InterceptorSettings
-from schemas.errors import TransportError
+from producers.publisher import PublishFailed
+from schemas.codec import decode_event
 
 
 class RecordingPublisher:
@@ -19,15 +20,18 @@ class RecordingPublisher:
 
     def __init__(self) -> None:
         self.events: list[Any] = []
+        self.raw: list[tuple[str, bytes, bytes]] = []
         self.fail = False
+        self.possibly_persisted = False
         self.gate: asyncio.Event | None = None
 
-    async def publish(self, topic: str, event: Any) -> tuple[int, int]:
+    async def publish_raw(self, topic: str, key: bytes, value: bytes) -> tuple[int, int]:
         if self.gate is not None:
             await self.gate.wait()
         if self.fail:
-            raise TransportError("broker down")
-        self.events.append(event)
+            raise PublishFailed("broker down", possibly_persisted=self.possibly_persisted)
+        self.raw.append((topic, key, value))
+        self.events.append(decode_event(value))
         return 0, len(self.events) - 1
 
     async def close(self) -> int:
@@ -87,3 +91,28 @@ async def interceptor(publisher, upstream):
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://tt") as http:
         yield http
     await client.aclose()
+
+
+@pytest.fixture
+async def make_interceptor(publisher, tmp_path):
+    """An interceptor in front of the in-process reference policy server; settings overridable."""
+    from compose.policy import create_app
+
+    clients = []
+
+    async def make(policy_settings: dict | None = None, **overrides):
+        policy = create_app(**(policy_settings or {}))
+        upstream = httpx.AsyncClient(base_url="http://policy",
+                                     transport=httpx.ASGITransport(app=policy, raise_app_exceptions=False))
+        settings = InterceptorSettings(**{"upstream_url": "http://policy", "bootstrap": "unused:9092",
+                                          "control_token": "s3cret", **overrides})
+        app = Interceptor(settings, publisher=publisher, upstream=upstream)  # type: ignore[arg-type]
+        await app.startup()
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://tt", timeout=30)
+        clients.append((http, app))
+        return http, app
+
+    yield make
+    for http, app in clients:
+        await http.aclose()
+        await app.shutdown()

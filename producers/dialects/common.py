@@ -1,0 +1,199 @@
+"""Shared pieces of the dialect translators: errors, SSE framing, reading vLLM chat output (pure).
+
+Guarantees:
+
+* Only the stdlib is imported: the translators are pure functions of their inputs.
+* Reading never copies a token field (``prompt_token_ids``, ``token_ids``, ``logprobs``)
+  anywhere; their lengths are used only as a usage fallback when the engine sent no
+  ``usage``.
+* A chat response or chunk that cannot be translated faithfully (more than one choice,
+  a tool-call delta without id or name, interleaved tool calls) raises ``DialectError``
+  (a ``ValueError``) with a message naming the problem.
+* ``ChunkReader`` turns vLLM 0.33 chat chunks into ordered, dialect-neutral operations;
+  concatenating the operations' text gives the non-streaming message (vLLM's streamed
+  deltas concatenate to the full message).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+IMAGE_PLACEHOLDER = "[image]"
+
+# Chat finish reasons the dialects can express; anything else (vLLM "abort", "error")
+# means the generation did not end normally and is refused rather than guessed at.
+KNOWN_FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")
+
+
+class DialectError(ValueError):
+    """A request or upstream answer that cannot be translated faithfully (the caller answers 400/502)."""
+
+
+def encode_sse(event: str, data: dict) -> bytes:
+    """One SSE event, ``event: X\\ndata: {json}\\n\\n`` (compact JSON, UTF-8)."""
+    body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {event}\ndata: {body}\n\n".encode("utf-8")
+
+
+def join_text(texts: list[str]) -> str:
+    """Several text parts of one non-assistant message as one string.
+
+    ``"\\n"`` is what vLLM itself joins text parts with for string-content chat templates
+    (almost every open model's), so a string built here renders exactly like the parts.
+    """
+    return "\n".join(texts)
+
+
+def reasoning_of(message: dict) -> str | None:
+    """vLLM 0.33's ``reasoning`` (older servers: ``reasoning_content``)."""
+    value = message.get("reasoning")
+    if value is None:
+        value = message.get("reasoning_content")
+    return value if isinstance(value, str) else None
+
+
+def check_finish_reason(reason: Any) -> str:
+    if reason not in KNOWN_FINISH_REASONS:
+        raise DialectError(f"upstream finish_reason {reason!r} has no equivalent in the client's dialect "
+                           f"(expected one of {', '.join(KNOWN_FINISH_REASONS)})")
+    return reason
+
+
+@dataclass(frozen=True, slots=True)
+class ChatOutput:
+    """The one choice of a non-streaming chat completion, read defensively."""
+
+    reasoning: str | None
+    content: str | None
+    tool_calls: list[tuple[str, str, str]]  # (id, name, arguments text)
+    finish_reason: str
+    stop_reason: Any
+    prompt_tokens: int
+    completion_tokens: int
+    created: int | None
+
+
+def read_chat_response(chat: dict) -> ChatOutput:
+    if not isinstance(chat, dict):
+        raise DialectError("upstream chat completion must be a JSON object")
+    choices = chat.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        raise DialectError("upstream chat completion must have exactly one choice (token capture needs n=1)")
+    choice = choices[0]
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise DialectError("upstream chat completion choice has no message object")
+    calls = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not call.get("id"):
+            raise DialectError("upstream tool call needs id and function.name")
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):
+            raise DialectError(f"upstream tool call {function['name']!r} has non-string arguments")
+        calls.append((str(call["id"]), function["name"], arguments))
+    content = message.get("content")
+    usage = chat.get("usage") if isinstance(chat.get("usage"), dict) else {}
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens")
+    if not isinstance(prompt, int):
+        prompt = len(chat["prompt_token_ids"]) if isinstance(chat.get("prompt_token_ids"), list) else 0
+    if not isinstance(completion, int):
+        completion = len(choice["token_ids"]) if isinstance(choice.get("token_ids"), list) else 0
+    created = chat.get("created")
+    return ChatOutput(
+        reasoning=reasoning_of(message),
+        content=content if isinstance(content, str) else None,
+        tool_calls=calls,
+        finish_reason=check_finish_reason(choice.get("finish_reason")),
+        stop_reason=choice.get("stop_reason"),
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        created=created if isinstance(created, int) else None,
+    )
+
+
+@dataclass
+class ChunkReader:
+    """Reads vLLM chat SSE chunks (already JSON-decoded) into operations, in order:
+
+    ``("reasoning", text)``, ``("text", text)``, ``("tool", index, id, name)`` when a tool
+    call starts, ``("args", index, fragment)`` for its argument text.
+    """
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    counted_ids: int = 0
+    finish_reason: str | None = None
+    stop_reason: Any = None
+    created: int | None = None
+    chunks: int = 0
+    tools: dict[int, tuple[str, str]] = field(default_factory=dict)
+    last_tool: int | None = None
+
+    def read(self, chunk: dict) -> list[tuple]:
+        if not isinstance(chunk, dict):
+            raise DialectError("upstream stream chunk must be a JSON object")
+        self.chunks += 1
+        if self.created is None and isinstance(chunk.get("created"), int):
+            self.created = chunk["created"]
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):  # cumulative (continuous usage or the trailing usage chunk)
+            if isinstance(usage.get("prompt_tokens"), int):
+                self.prompt_tokens = usage["prompt_tokens"]
+            if isinstance(usage.get("completion_tokens"), int):
+                self.completion_tokens = usage["completion_tokens"]
+        if self.prompt_tokens is None and isinstance(chunk.get("prompt_token_ids"), list):
+            self.prompt_tokens = len(chunk["prompt_token_ids"])
+        ops: list[tuple] = []
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                raise DialectError("upstream stream has a second choice (token capture needs n=1)")
+            if isinstance(choice.get("token_ids"), list):
+                self.counted_ids += len(choice["token_ids"])
+            delta = choice.get("delta") or {}
+            reasoning = reasoning_of(delta)
+            if reasoning:
+                ops.append(("reasoning", reasoning))
+            if isinstance(delta.get("content"), str) and delta["content"]:
+                ops.append(("text", delta["content"]))
+            for call in delta.get("tool_calls") or []:
+                ops.extend(self._tool_delta(call))
+            if choice.get("finish_reason") is not None:
+                self.finish_reason = check_finish_reason(choice["finish_reason"])
+                self.stop_reason = choice.get("stop_reason")
+        return ops
+
+    def _tool_delta(self, call: Any) -> list[tuple]:
+        if not isinstance(call, dict) or not isinstance(call.get("index", 0), int):
+            raise DialectError("upstream tool-call delta must be an object with an integer index")
+        index = call.get("index", 0)
+        function = call.get("function") or {}
+        ops: list[tuple] = []
+        if index not in self.tools:
+            name = function.get("name")
+            if not call.get("id") or not isinstance(name, str) or not name:
+                raise DialectError(f"the first upstream delta of tool call {index} lacks id or function.name")
+            self.tools[index] = (str(call["id"]), name)
+            self.last_tool = index
+            ops.append(("tool", index, str(call["id"]), name))
+        elif index != self.last_tool:
+            # Anthropic blocks and Responses items are sequential; vLLM's parsers never interleave.
+            raise DialectError(f"upstream tool call {index} continued after tool call {self.last_tool} started")
+        fragment = function.get("arguments")
+        if isinstance(fragment, str) and fragment:
+            ops.append(("args", index, fragment))
+        return ops
+
+    def usage(self) -> tuple[int, int]:
+        """(input tokens, output tokens): the engine's usage, else the counted ids, else 0."""
+        completion = self.completion_tokens if self.completion_tokens is not None else self.counted_ids
+        return self.prompt_tokens or 0, completion
+
+    def require_finished(self) -> str:
+        if self.finish_reason is None:
+            raise DialectError("the upstream stream ended without a finish_reason (interrupted): "
+                               "there is no complete answer to close")
+        return self.finish_reason

@@ -1,0 +1,131 @@
+"""Request-time lineage: which earlier call of this rollout does a request continue?
+
+A bounded, per-rollout index of the calls this interceptor served. Resolution
+follows NeMo Gym: the lookup key is the fingerprint of the request's
+model-authored turns; a candidate is kept only if the request's first
+``context_len`` items hash to the context digest recorded for it; identical-
+token candidates collapse to the smallest call id; one survivor is RESOLVED,
+none is UNRESOLVED ``no_match``, several are UNRESOLVED ``ambiguous``. A rollout
+this process has not seen (another worker served it, or it was evicted) is
+UNRESOLVED ``index_cold``. The processor re-verifies every claim, so eviction
+costs bytes (no delta record), never correctness.
+
+The index is metadata only (a few hundred bytes per call) unless prefix supply
+is on, when each call's cumulative ids are kept too (4 bytes per token, within
+``max_tokens``) so that the next call can send them to the engine.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.hashing import conversation_prefix_digests
+from schemas.records import ParentResolution
+
+
+@dataclass(slots=True)
+class IndexedCall:
+    call_id: str
+    cum_len: int
+    digest: str
+    context_len: int
+    context_digest: str
+    cum_tokens: array | None = None
+
+
+@dataclass(slots=True)
+class _Rollout:
+    by_fingerprint: dict[str, list[str]] = field(default_factory=dict)
+    calls: dict[str, IndexedCall] = field(default_factory=dict)
+    tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    status: ParentResolution
+    parent: IndexedCall | None = None
+    reason: str = ""
+
+
+ROOT = Resolution(ParentResolution.ROOT)
+
+
+class LineageIndex:
+    """LRU over rollouts, bounded by rollout count and stored tokens."""
+
+    def __init__(self, *, max_rollouts: int = 65_536, max_tokens: int = 16_000_000, keep_tokens: bool = False) -> None:
+        self.max_rollouts = max_rollouts
+        self.max_tokens = max_tokens
+        self.keep_tokens = keep_tokens
+        self._rollouts: OrderedDict[str, _Rollout] = OrderedDict()
+        self._tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._rollouts)
+
+    def resolve(self, rollout_id: str, items: list[dict[str, Any]], fingerprint: str) -> Resolution:
+        """The parent decision for a request, computed once, before dispatch."""
+        if not fingerprint:
+            return ROOT
+        rollout = self._rollouts.get(rollout_id)
+        if rollout is None:
+            return Resolution(ParentResolution.UNRESOLVED, reason="index_cold")
+        self._rollouts.move_to_end(rollout_id)
+        ids = list(dict.fromkeys(rollout.by_fingerprint.get(fingerprint, ())))
+        candidates = [rollout.calls[c] for c in ids if c in rollout.calls]
+        if candidates:
+            prefixes = conversation_prefix_digests(items)
+            candidates = [
+                c for c in candidates
+                if c.context_digest and c.context_len < len(prefixes) and prefixes[c.context_len] == c.context_digest
+            ]
+        if len(candidates) > 1 and len({(c.digest, c.cum_len) for c in candidates}) == 1:
+            candidates = [min(candidates, key=lambda c: c.call_id)]  # identical-token retries are interchangeable
+        if len(candidates) == 1:
+            return Resolution(ParentResolution.RESOLVED, candidates[0])
+        return Resolution(ParentResolution.UNRESOLVED, reason="ambiguous" if candidates else "no_match")
+
+    def record(
+        self,
+        rollout_id: str,
+        *,
+        call_id: str,
+        continuation_fingerprint: str,
+        cum_len: int,
+        digest: str,
+        context_len: int,
+        context_digest: str,
+        cum_tokens: list[int] | None = None,
+    ) -> None:
+        """Index a call once its capture is durable (so a continuation can only see durable parents)."""
+        rollout = self._rollouts.get(rollout_id)
+        if rollout is None:
+            rollout = self._rollouts[rollout_id] = _Rollout()
+        else:
+            self._rollouts.move_to_end(rollout_id)
+        if call_id in rollout.calls:
+            return
+        tokens = array("I", cum_tokens) if (self.keep_tokens and cum_tokens is not None) else None
+        rollout.calls[call_id] = IndexedCall(call_id, cum_len, digest, context_len, context_digest, tokens)
+        rollout.by_fingerprint.setdefault(continuation_fingerprint, []).append(call_id)
+        if tokens is not None:
+            rollout.tokens += len(tokens)
+            self._tokens += len(tokens)
+        self._evict(keep=rollout_id)
+
+    def forget(self, rollout_id: str) -> None:
+        """Drop a finished rollout (its calls can no longer be continued usefully)."""
+        rollout = self._rollouts.pop(rollout_id, None)
+        if rollout is not None:
+            self._tokens -= rollout.tokens
+
+    def _evict(self, *, keep: str) -> None:
+        while len(self._rollouts) > 1 and (len(self._rollouts) > self.max_rollouts or self._tokens > self.max_tokens):
+            oldest = next(iter(self._rollouts))
+            if oldest == keep:
+                self._rollouts.move_to_end(keep)
+                continue
+            self.forget(oldest)
