@@ -53,6 +53,7 @@ class LocalStack:
     intercept_args: tuple[str, ...] = ()
     consumer_args: tuple[str, ...] = ()
     processor_id: str = "tokentrail-processor"
+    with_pipeline: bool = True  # False: only the policy server and the interceptor (benchmarks)
     services: dict[str, Service] = field(default_factory=dict)
 
     @property
@@ -77,6 +78,8 @@ class LocalStack:
                                       env={"TOKENTRAIL_CONTROL_TOKEN": self.control_token})
             interceptor.url = f"http://127.0.0.1:{port}"
             self._wait_http(interceptor, "/healthz")
+            if not self.with_pipeline:
+                return self
             processor = self._spawn("processor", "process", "--bootstrap", self.bootstrap, "--data-dir",
                                     str(self.run_dir / "processor"), "--app-id", self.processor_id, *prefix,
                                     "--log-level", "INFO")

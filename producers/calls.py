@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import httpx
@@ -38,6 +39,7 @@ CHAT_PATH = "/v1/chat/completions"
 
 async def handle_generation(app: Interceptor, request: Request, rollout_id: str, api_path: str,
                             adapter: DialectAdapter) -> Response:
+    started = time.perf_counter()
     try:
         body = orjson.loads(await request.body())
         if not isinstance(body, dict):
@@ -47,7 +49,7 @@ async def handle_generation(app: Interceptor, request: Request, rollout_id: str,
         return adapter.error(400, f"invalid {adapter.dialect.value.lower()} request: {exc}", "invalid_request_error")
     headers = {k.lower(): v for k, v in request.headers.items()}
     core = app.core
-    call = core.begin(rollout_id, api_path, adapter.dialect, adapter.id_kind, parsed, body, headers)
+    call = core.begin(rollout_id, api_path, adapter.dialect, adapter.id_kind, parsed, body, headers, started)
     upstream_body = core.upstream_body(call, parsed.chat_body)
     upstream_headers = app.upstream_headers(request)
     if not parsed.stream:
@@ -58,8 +60,10 @@ async def handle_generation(app: Interceptor, request: Request, rollout_id: str,
 async def _complete(app: Interceptor, call: Call, adapter: DialectAdapter, parsed: Any,
                     upstream_body: dict[str, Any], headers: dict[str, str]) -> Response:
     upstream_body["stream"] = False
+    sent = time.perf_counter()
     try:
         upstream = await app.upstream.post(CHAT_PATH, content=orjson.dumps(upstream_body), headers=headers)
+        engine_s = time.perf_counter() - sent
     except httpx.HTTPError as exc:
         return await _engine_failed(app, call, adapter, 502, f"model server unreachable: {exc!r}")
     if upstream.status_code >= 400:
@@ -74,7 +78,12 @@ async def _complete(app: Interceptor, call: Call, adapter: DialectAdapter, parse
     if outcome is Outcome.PREFIX_FAILED:
         return adapter.error(502, "the engine ignored the supplied parent prefix; the call was not served",
                              "prefix_not_applied")
-    return adapter.render(data, call.response_id, parsed)
+    response = adapter.render(data, call.response_id, parsed)
+    # Server-Timing (RFC-style): the engine's share and ours, durable ack included.
+    ours = time.perf_counter() - call.started - engine_s
+    app.metrics.overhead_seconds.observe(ours)
+    response.headers["server-timing"] = f"engine;dur={engine_s * 1000:.3f}, tokentrail;dur={ours * 1000:.3f}"
+    return response
 
 
 async def _stream(app: Interceptor, call: Call, adapter: DialectAdapter, parsed: Any,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,7 @@ class Call:
     context_digests: list[str]
     id_kind: str
     required_prefix: list[int] | None = None
+    started: float = 0.0
 
     @property
     def response_id(self) -> str:
@@ -82,7 +84,8 @@ class CaptureCore:
 
     # -- before dispatch ------------------------------------------------------------
     def begin(self, rollout_id: str, route: str, dialect: Dialect, id_kind: str, parsed: ParsedRequest,
-              body: dict[str, Any], headers: dict[str, str]) -> Call:
+              body: dict[str, Any], headers: dict[str, str], started: float | None = None) -> Call:
+        started = time.perf_counter() if started is None else started
         upstream = self._pinned(parsed.chat_body)
         ctx = CallContext(
             rollout_id=rollout_id,
@@ -94,7 +97,7 @@ class CaptureCore:
         )
         digests = conversation_prefix_digests(ctx.items)
         resolution = self.index.resolve(rollout_id, ctx.items, ctx.request_fingerprint)
-        call = Call(ctx, resolution, digests, id_kind)
+        call = Call(ctx, resolution, digests, id_kind, started=started)
         parent = resolution.parent
         if self.settings.prefix_supply and parent is not None and parent.cum_tokens is not None:
             call.required_prefix = list(parent.cum_tokens)

@@ -282,3 +282,11 @@ def event_body_bytes(data: bytes) -> bytes:
     _, pos = _skip_varint(data, pos)  # schema_version
     _, pos = _skip_varint(data, pos)  # union branch
     return bytes(data[pos:])
+
+
+def event_id_of(data: bytes) -> str:
+    """The event id of an encoded event, read from the envelope without decoding the body."""
+    if bytes(data[2:_HEADER_LEN]) != event_codec().fingerprint:
+        return decode_event(data).event_id
+    length, pos = _skip_varint(data, _HEADER_LEN)
+    return bytes(data[pos : pos + length]).decode()
