@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import sys
+from array import array
 from enum import StrEnum
 from functools import cache
 from importlib import resources
@@ -61,13 +63,45 @@ _BODY_NAMES: dict[type, str] = {
 }
 _BODY_TYPES = {name: cls for cls, name in _BODY_NAMES.items()}
 _BODY = object()
+
+
+class _Packed:
+    """A list of numbers carried as Avro ``bytes``: little-endian, fixed width (see the .avsc docs)."""
+
+    def __init__(self, typecode: str) -> None:
+        self.typecode = typecode
+
+    def pack(self, values: Any) -> bytes:
+        try:
+            packed = array(self.typecode, values)
+        except (OverflowError, TypeError) as exc:
+            kind = "token ids must be integers in [0, 2**32)" if self.typecode == "I" else "log-probs must be floats"
+            raise CodecError(f"cannot pack values: {kind} ({exc})") from exc
+        if _BIG_ENDIAN:
+            packed.byteswap()
+        return packed.tobytes()
+
+    def unpack(self, data: bytes) -> list[Any]:
+        values = array(self.typecode)
+        values.frombytes(data)
+        if _BIG_ENDIAN:
+            values.byteswap()
+        return values.tolist()
+
+
+_BIG_ENDIAN = sys.byteorder == "big"
+_U32 = _Packed("I")
+_F64 = _Packed("d")
+assert array("I").itemsize == 4 and array("d").itemsize == 8
+
 _NESTED: dict[type, dict[str, Any]] = {
     CallFacts: {"dialect": Dialect},
-    CallCaptured: {"facts": CallFacts, "parent_resolution": ParentResolution},
+    CallCaptured: {"facts": CallFacts, "parent_resolution": ParentResolution, "prompt_token_ids": _U32,
+                   "generation_token_ids": _U32, "generation_log_probs": _F64},
     RolloutEvent: {"body": _BODY},
     SnapshotCall: {"call": CallCaptured},
     Snapshot: {"calls": [SnapshotCall], "incomplete_markers": [CallIncomplete], "finished": RolloutFinished},
-    Trajectory: {"spans": [CallSpan]},
+    Trajectory: {"spans": [CallSpan], "token_ids": _U32, "log_probs": _F64},
     CaptureMetrics: {"terminal_attribution": TerminalAttribution},
     RebuiltRollout: {"mask_reasons": [MaskReason], "trajectory": Trajectory, "metrics": CaptureMetrics},
 }
@@ -95,6 +129,8 @@ def to_avro(obj: Any) -> dict[str, Any]:
             out[name] = value
         elif kind is _BODY:
             out[name] = (_BODY_NAMES[type(value)], to_avro(value))
+        elif isinstance(kind, _Packed):
+            out[name] = kind.pack(value)
         elif isinstance(kind, list):
             out[name] = [to_avro(v) for v in value]
         elif isinstance(kind, type) and issubclass(kind, StrEnum):
@@ -116,6 +152,8 @@ def from_avro(cls: type[T], datum: dict[str, Any]) -> T:
             if kind is _BODY:
                 type_name, body = value
                 datum[name] = from_avro(_BODY_TYPES[type_name], body)
+            elif isinstance(kind, _Packed):
+                datum[name] = kind.unpack(value)
             elif isinstance(kind, list):
                 datum[name] = [from_avro(kind[0], v) for v in value]
             elif isinstance(kind, type) and issubclass(kind, StrEnum):
