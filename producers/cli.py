@@ -16,6 +16,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--topic-prefix", default="", help="prefix of every topic name (isolation)")
+    parser.add_argument("--upstream-model", help="model name sent to the engine (harnesses ask for their own)")
+    parser.add_argument("--spool-dir", help="fsynced local spool used while Kafka is down (one per process)")
+    parser.add_argument("--prefix-supply", action="store_true",
+                        help="send the verified parent's exact ids (engine must honour required_prefix_token_ids)")
+    parser.add_argument("--no-delta-records", action="store_true", help="always store full prompts")
     parser.add_argument("--sampling", default="{}", help='sampling pin, JSON, e.g. \'{"temperature": 1.0}\'')
     parser.add_argument("--log-level", default="warning")
 
@@ -33,6 +38,10 @@ def main(args: argparse.Namespace) -> int:
             sampling_overrides=json.loads(args.sampling),
             control_token=os.environ.get("TOKENTRAIL_CONTROL_TOKEN") or None,
             topics=topic_names(args.topic_prefix),
+            upstream_model=args.upstream_model,
+            spool_dir=args.spool_dir,
+            prefix_supply=args.prefix_supply,
+            delta_records=not args.no_delta_records,
         )
     except (ValidationError, ValueError) as exc:
         print(f"tokentrail intercept: invalid settings:\n{exc}", file=sys.stderr)

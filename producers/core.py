@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from producers.capture import CallContext, call_facts, captured_call, incomplete_call, make_event, request_items
@@ -54,6 +54,7 @@ class ParsedRequest:
     system: Any = None
     stream: bool = False
     keep_logprobs: bool = False
+    original: dict[str, Any] = field(default_factory=dict)  # the harness's own request body
 
 
 @dataclass(slots=True)
@@ -119,6 +120,9 @@ class CaptureCore:
     def _pinned(self, chat_body: dict[str, Any]) -> dict[str, Any]:
         out = dict(chat_body)
         out.update(self.settings.sampling_overrides)
+        if self.settings.upstream_model:
+            # Harnesses ask for their own model names (claude-...); the engine serves one policy.
+            out["model"] = self.settings.upstream_model
         return out
 
     # -- after the engine answered ---------------------------------------------------

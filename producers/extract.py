@@ -10,6 +10,7 @@ patched up.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,8 +68,14 @@ def extract_chat_tokens(response: dict[str, Any]) -> EngineTokens | None:
 
 
 def _ids(value: Any, name: str) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
-        raise PartialTokenMetadata(f"{name} must be a list of non-negative integers")
+    # array() checks every element at C speed: non-integers raise TypeError, ids
+    # outside [0, 2**32) raise OverflowError (the wire carries ids as uint32).
+    try:
+        if not isinstance(value, list):
+            raise TypeError(type(value).__name__)
+        array("I", value)
+    except (TypeError, OverflowError) as exc:
+        raise PartialTokenMetadata(f"{name} must be a list of token ids in [0, 2**32): {exc}") from exc
     return value
 
 

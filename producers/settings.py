@@ -33,13 +33,16 @@ class InterceptorSettings(BaseModel):
     publish_timeout_ms: int = Field(
         5_000, description="How long an event may wait for Kafka's ack before it goes to the spool instead"
     )
-    linger_ms: float = 1.0
+    linger_ms: float = Field(0.0, description="librdkafka linger: 0 sends each capture at once (latency first)")
     spool_dir: Path | None = Field(
         None, description="Local fsynced spool for when Kafka is down (one directory per process); None: 503 instead"
     )
     delta_records: bool = Field(True, description="Store only the prompt suffix after a verified parent")
     prefix_supply: bool = Field(
         False, description="Send the parent's exact ids as required_prefix_token_ids (the engine must honour it)"
+    )
+    upstream_model: str | None = Field(
+        None, description="Model name sent to the engine (the harness's requested name is kept as a fact)"
     )
     index_max_rollouts: int = 65_536
     index_max_tokens: int = Field(16_000_000, description="Token budget of the lineage index (prefix supply only)")

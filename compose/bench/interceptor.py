@@ -25,8 +25,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3, help="alternating direct/via rounds")
     parser.add_argument("--calls-per-round", type=int, default=128)
-    parser.add_argument("--prompt-words", type=int, default=5400, help="~8k prompt tokens with the default")
+    parser.add_argument("--prompt-words", type=int, default=4100, help="~8k prompt tokens with the default")
     parser.add_argument("--gen-tokens", type=int, default=512)
+    parser.add_argument("--decode-ms-per-token", type=float, default=5.0,
+                        help="emulated engine decode time per token (0: the CPU engine answers in ms, and 64-way "
+                             "concurrency then measures queueing on this machine, not the interceptor)")
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
 
 
@@ -35,27 +38,29 @@ def _pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
-async def _load(url: str, body: dict, n: int, concurrency: int, timings: list[float] | None) -> list[float]:
+async def _load(url: str, body: dict, n: int, concurrency: int, timings: list[float] | None,
+                stagger_s: float = 0.0) -> list[float]:
+    """``concurrency`` closed-loop clients; client i starts ``i * stagger_s / concurrency`` late, so that
+    calls are in flight all the time but do not all finish at the same instant (as in a real run)."""
     import httpx
 
     latencies: list[float] = []
-    sem = asyncio.Semaphore(concurrency)
+    remaining = iter(range(n))
     async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=concurrency * 2)) as http:
-        async def one(i: int) -> None:
-            async with sem:
-                payload = {**body, "seed": i}
+        async def client(k: int) -> None:
+            await asyncio.sleep(k * stagger_s / concurrency)
+            for i in remaining:
                 t0 = time.perf_counter()
-                r = await http.post(url, json=payload)
+                r = await http.post(url, json={**body, "seed": i})
                 latencies.append(time.perf_counter() - t0)
                 r.raise_for_status()
                 if timings is not None:
-                    timing = r.headers.get("server-timing", "")
-                    for part in timing.split(","):
+                    for part in r.headers.get("server-timing", "").split(","):
                         name, _, dur = part.strip().partition(";dur=")
                         if name == "tokentrail":
                             timings.append(float(dur) / 1000)
 
-        await asyncio.gather(*(one(i) for i in range(n)))
+        await asyncio.gather(*(client(k) for k in range(concurrency)))
     return latencies
 
 
@@ -76,7 +81,9 @@ def main(args: argparse.Namespace) -> int:
     direct_body = {**body, "return_token_ids": True, "logprobs": True, "top_logprobs": 0, "include_reasoning": True}
     tag = time.strftime("%H%M%S")
     try:
-        with LocalStack(bootstrap, run_dir, topic_prefix=f"bench{tag}.", with_pipeline=False) as stack:
+        policy_args = ("--decode-ms-per-token", str(args.decode_ms_per_token))
+        with LocalStack(bootstrap, run_dir, topic_prefix=f"bench{tag}.", with_pipeline=False,
+                        policy_args=policy_args) as stack:
             via_url = f"{stack.interceptor_url}/ng-rollout/bench-{tag}/training-token-capture/v1/chat/completions"
             direct_url = f"{stack.policy_url}/v1/chat/completions"
             # Warm both paths (engine tables, connections, the producer's id).
@@ -85,22 +92,44 @@ def main(args: argparse.Namespace) -> int:
             direct: list[float] = []
             via: list[float] = []
             ours: list[float] = []
+            stagger = args.decode_ms_per_token * args.gen_tokens / 1000
             for _ in range(args.rounds):
-                direct += asyncio.run(_load(direct_url, direct_body, args.calls_per_round, args.concurrency, None))
-                via += asyncio.run(_load(via_url, body, args.calls_per_round, args.concurrency, ours))
+                direct += asyncio.run(_load(direct_url, direct_body, args.calls_per_round, args.concurrency, None,
+                                            stagger))
+                via += asyncio.run(_load(via_url, body, args.calls_per_round, args.concurrency, ours, stagger))
             prompt_tokens = _prompt_tokens(stack.policy_url, body)
+            import httpx
+
+            metrics = httpx.get(f"{stack.interceptor_url}/metrics", timeout=10).text
     finally:
         if broker_dir is not None:
             stop_broker(broker_dir)
     ms = lambda v: f"{v * 1000:8.2f} ms"  # noqa: E731
     print(f"{len(via)} calls per path, concurrency {args.concurrency}, prompt {prompt_tokens} tokens, "
-          f"{args.gen_tokens} generated tokens, durable ack (acks=all) on every captured call")
+          f"{args.gen_tokens} generated tokens, engine decode {args.decode_ms_per_token} ms/token, "
+          f"durable ack (acks=all) on every captured call")
     print(f"direct to engine       p50 {ms(_pct(direct, 50))}   p99 {ms(_pct(direct, 99))}")
     print(f"through interceptor    p50 {ms(_pct(via, 50))}   p99 {ms(_pct(via, 99))}")
     print(f"added (client view)    p50 {ms(_pct(via, 50) - _pct(direct, 50))}   p99 {ms(_pct(via, 99) - _pct(direct, 99))}")
     print(f"interceptor overhead   p50 {ms(_pct(ours, 50))}   p99 {ms(_pct(ours, 99))}   "
           f"mean {ms(statistics.fmean(ours))}   (Server-Timing; budget p50 <= 3 ms, p99 <= 15 ms)")
+    print(f"  of which Kafka ack   p50 <= {_hist_pct(metrics, 'tokentrail_publish_seconds', 50) * 1000:.1f} ms   "
+          f"p99 <= {_hist_pct(metrics, 'tokentrail_publish_seconds', 99) * 1000:.1f} ms   (histogram bucket bounds)")
     return 0
+
+
+def _hist_pct(text: str, name: str, p: float) -> float:
+    """Upper bound of the bucket holding the p-th percentile of a Prometheus histogram."""
+    buckets = []
+    for line in text.splitlines():
+        if line.startswith(f"{name}_bucket{{"):
+            le = line.split('le="')[1].split('"')[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
+    total = buckets[-1][1] if buckets else 0
+    for bound, count in buckets:
+        if total and count >= total * p / 100:
+            return bound
+    return float("nan")
 
 
 def _prompt_tokens(policy_url: str, body: dict) -> int:

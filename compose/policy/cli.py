@@ -34,6 +34,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="server-wide fault (repeatable)")
     parser.add_argument("--stall-seconds", type=float, default=None)
     parser.add_argument("--stall-after-chunks", type=int, default=d.stall_after_chunks)
+    parser.add_argument("--decode-ms-per-token", type=float, default=d.decode_ms_per_token,
+                        help="emulated decode time per generated token (benchmarks)")
     parser.add_argument("--default-tool-calls", type=int, default=d.default_tool_calls)
     parser.add_argument("--max-model-len", type=int, default=d.max_model_len)
     parser.add_argument("--table-rows", type=int, default=d.table_rows)
@@ -50,7 +52,7 @@ def settings_from_args(args: argparse.Namespace) -> PolicySettings:
         honour_prefix=args.honour_prefix, drop_reasoning_in_history=args.drop_reasoning_in_history,
         weight_version=args.weight_version, seed=args.seed, faults=frozenset(args.fault),
         stall_seconds=args.stall_seconds, stall_after_chunks=args.stall_after_chunks,
-        default_tool_calls=args.default_tool_calls, max_model_len=args.max_model_len,
+        default_tool_calls=args.default_tool_calls, decode_ms_per_token=args.decode_ms_per_token, max_model_len=args.max_model_len,
         table_rows=args.table_rows, logit_scale=args.logit_scale, vocab_words=args.vocab_words,
     )
 

@@ -89,6 +89,8 @@ async def _stream(shaper: ResponseShaper, settings: PolicySettings) -> AsyncIter
             if finish is None and not shaper.send_logprobs and not ids_out:
                 continue
             delta = {}
+        if settings.decode_ms_per_token:
+            await asyncio.sleep(settings.decode_ms_per_token / 1000)
         yield shaper.token_chunk(i, i + 1, delta, finish)
         sent += 1
         if stall and sent >= settings.stall_after_chunks:
@@ -120,6 +122,8 @@ def create_app(settings: PolicySettings | None = None) -> Starlette:
                                 int(time.time()), settings.served_model_name)
         if job.stream:
             return StreamingResponse(_stream(shaper, settings), media_type="text/event-stream")
+        if settings.decode_ms_per_token:
+            await asyncio.sleep(settings.decode_ms_per_token * len(gen.token_ids) / 1000)
         return JSONResponse(shaper.completion())
 
     async def models(request: Request) -> Response:

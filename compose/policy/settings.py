@@ -44,6 +44,11 @@ class PolicySettings(BaseModel):
     )
     stall_after_chunks: int = Field(3, ge=0, description="chunks a stalled stream still sends")
 
+    decode_ms_per_token: float = Field(
+        0.0, ge=0, le=1000,
+        description="emulated GPU decode time per generated token (awaited, not computed): gives benchmarks "
+                    "the request durations of a real engine instead of a CPU table lookup",
+    )
     default_tool_calls: int = Field(2, ge=0, description="K when no #tool-calls=K directive")
     max_model_len: int = Field(32768, ge=16)
     max_logprobs: int = Field(20, ge=0, le=20)

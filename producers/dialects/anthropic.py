@@ -21,6 +21,10 @@ Guarantees of ``to_chat_request``:
 * ``is_error`` on a tool result changes nothing: the result text goes upstream unchanged
   (Claude Code already writes the error into the text; an invented prefix would be text
   the harness never sent).
+* Custom tools become chat function tools; server tools (``web_search_20250305``, ...) run
+  at Anthropic and are skipped; ``tool_choice`` is sent only when a custom tool is. A
+  trailing assistant message is Anthropic prefill (``continue_final_message``). Streaming
+  asks for ``stream_options.include_usage`` (``message_delta`` reports output tokens).
 * Anything that cannot be expressed faithfully raises ``DialectError`` naming it.
 * Top-level keys other than the translated ones are dropped; ``dropped_keys`` lists them.
 """

@@ -19,6 +19,9 @@ Guarantees of ``to_chat_request``:
 * Stateful requests (``previous_response_id``, ``conversation``, ``background``, stored
   ``prompt`` templates) raise ``DialectError``: token capture needs the full input in
   every request. Other untranslated top-level keys are dropped; ``dropped_keys`` lists them.
+* Function tools become chat tools; hosted tools (``web_search``, ``custom``, ...) are
+  skipped; ``tool_choice`` is sent only when a function tool is. Streaming asks for
+  ``stream_options.include_usage`` (the final Response carries usage).
 * ``reasoning.effort``: absent ``reasoning`` leaves the upstream default; effort ``"none"``
   (or null) sends ``enable_thinking: false``; any other effort sends ``true``.
 """

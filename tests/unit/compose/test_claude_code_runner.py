@@ -1,0 +1,224 @@
+"""The pinned Claude Code CLI, run headless and offline against the recording Anthropic stub.
+
+The tests that need the CLI install it on first use (``ensure_claude_code``: ``npm ci`` into
+``.tokentrail/claude-code``) and are skipped, with the reason, only when that is impossible here
+(no npm, or the registry unreachable). The others check the pins, the stub and the fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import threading
+from pathlib import Path
+
+import anthropic
+import pytest
+
+from compose import claude_code as cc
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "claude_code"
+
+
+# --------------------------------------------------------------------------- no CLI needed
+
+
+def test_the_three_pins_agree() -> None:
+    manifest = json.loads((cc.PIN_DIR / "package.json").read_text())
+    lock = json.loads((cc.PIN_DIR / "package-lock.json").read_text())
+    assert manifest["dependencies"] == {cc.CLAUDE_CODE_PACKAGE: cc.CLAUDE_CODE_VERSION}
+    assert lock["packages"][""]["dependencies"] == manifest["dependencies"]
+    wrapper = lock["packages"][f"node_modules/{cc.CLAUDE_CODE_PACKAGE}"]
+    assert wrapper["version"] == cc.CLAUDE_CODE_VERSION
+    assert wrapper["integrity"].startswith("sha512-")
+    # Every platform binary is pinned to the same version, with an integrity hash.
+    natives = {k: v for k, v in lock["packages"].items() if k.startswith(f"node_modules/{cc.CLAUDE_CODE_PACKAGE}-")}
+    assert f"node_modules/{cc.CLAUDE_CODE_PACKAGE}-linux-x64" in natives
+    assert all(v["version"] == cc.CLAUDE_CODE_VERSION and v["integrity"] for v in natives.values())
+
+
+def test_environment_is_built_from_scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "leak")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    env = cc.claude_code_env("http://127.0.0.1:9/", tmp_path, extra={"DISABLE_TELEMETRY": None, "X": "1"})
+    assert "ANTHROPIC_AUTH_TOKEN" not in env and "HTTPS_PROXY" not in env
+    assert "DISABLE_TELEMETRY" not in env and env["X"] == "1"
+    assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9"
+    assert env["HOME"] == str(tmp_path) and env["CLAUDE_CONFIG_DIR"] == str(tmp_path / ".claude")
+    assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+
+
+def test_stub_speaks_the_messages_api_to_the_anthropic_sdk() -> None:
+    with cc.RecordingAnthropicStub() as stub:
+        client = anthropic.Anthropic(base_url=stub.base_url, api_key="x", max_retries=0)
+        tools = [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}]
+        ask = [{"role": "user", "content": "go"}]
+        with client.messages.stream(model="m", max_tokens=64, messages=ask, tools=tools) as stream:
+            first = stream.get_final_message()
+        assert first.stop_reason == "tool_use"
+        tool_use = first.content[0]
+        assert tool_use.type == "tool_use" and tool_use.input == {"command": "echo tokentrail",
+                                                                 "description": "Print tokentrail"}
+        follow = [*ask, {"role": "assistant", "content": [tool_use.model_dump()]},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use.id,
+                                                "content": "tokentrail"}]}]
+        second = client.messages.create(model="m", max_tokens=64, messages=follow, tools=tools)
+        assert second.stop_reason == "end_turn" and "tokentrail" in second.content[0].text
+        assert client.messages.count_tokens(model="m", messages=ask).input_tokens > 0
+    assert [(r.method, r.path) for r in stub.requests] == [
+        ("POST", "/v1/messages"), ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens")]
+    assert stub.requests[0].body["stream"] is True and stub.requests[0].response["stop_reason"] == "tool_use"
+
+
+def _fixture_index() -> dict:
+    return json.loads((FIXTURES / "index.json").read_text())
+
+
+def test_fixtures_are_complete_and_describe_tool_round_trips() -> None:
+    index = _fixture_index()
+    assert index["claude_code_version"] == cc.CLAUDE_CODE_VERSION, (
+        f"fixtures are from another CLI version; regenerate: {index['regenerate']}")
+    assert set(index["scenarios"]) == set(cc.SCENARIOS)
+    for name, scenario in index["scenarios"].items():
+        requests = [json.loads((FIXTURES / entry["file"]).read_text()) for entry in scenario["requests"]]
+        for entry, req in zip(scenario["requests"], requests):
+            assert len(cc.compact_json(req["body"])) == entry["body_bytes"] == int(req["headers"]["content-length"])
+            assert (req["method"], req["path"], req["query"]) == ("POST", "/v1/messages", {"beta": "true"})
+        # Each request repeats the previous one's messages and appends the answer and the tool result.
+        for prev, nxt in zip(requests, requests[1:]):
+            answer = prev["response"]["content"]
+            appended = nxt["body"]["messages"][len(prev["body"]["messages"]):]
+            assert [m["role"] for m in appended] == ["assistant", "user"], name
+            uses = [b for b in answer if b["type"] == "tool_use"]
+            echoed = [b for b in appended[0]["content"] if b["type"] == "tool_use"]
+            assert [(b["id"], b["name"], b["input"]) for b in echoed] == [(b["id"], b["name"], b["input"]) for b in uses]
+            results = appended[1]["content"]
+            assert [r["tool_use_id"] for r in results] == [b["id"] for b in uses]
+        assert requests[-1]["response"]["stop_reason"] == "end_turn"
+        assert scenario["cli_result"]["is_error"] is False
+
+
+# --------------------------------------------------------------------------- the real CLI
+
+
+@pytest.fixture(scope="module")
+def claude_binary() -> Path:
+    try:
+        return cc.ensure_claude_code()
+    except cc.ClaudeCodeUnavailable as exc:
+        pytest.skip(f"Claude Code CLI {cc.CLAUDE_CODE_VERSION} unavailable here: {exc}")
+
+
+@pytest.fixture(scope="module")
+def bash_two_turn(claude_binary: Path) -> cc.Recording:
+    return cc.record_scenario("bash_two_turn", executable=claude_binary)
+
+
+def test_real_cli_completes_a_two_turn_bash_session(bash_two_turn: cc.Recording) -> None:
+    result = bash_two_turn.result
+    assert result.ok, f"exit {result.returncode}; stderr: {result.stderr_tail}; stdout: {result.stdout_tail}"
+    assert result.final_text == cc.FIXTURE_FINAL and result.num_turns == 2
+    # The CLI really ran `echo tokentrail` through its Bash tool.
+    assert [(r["content"], r["is_error"]) for r in result.tool_results()] == [("tokentrail", False)]
+
+    requests = bash_two_turn.requests
+    assert [(r["method"], r["path"], r["query"]) for r in requests] == [("POST", "/v1/messages", {"beta": "true"})] * 2
+    first, second = (r["body"] for r in requests)
+    assert first["stream"] is True and second["stream"] is True
+    assert "Bash" in {t["name"] for t in first["tools"]}
+    assert requests[0]["response"]["stop_reason"] == "tool_use"
+    tool_use = requests[0]["response"]["content"][0]
+    *history, assistant, user = second["messages"]
+    assert history == [_without_cache_control(m) for m in first["messages"]]
+    assert assistant == {"role": "assistant", "content": [tool_use]}
+    (tool_result,) = user["content"]
+    assert tool_result["type"] == "tool_result" and tool_result["tool_use_id"] == tool_use["id"]
+    assert "tokentrail" in json.dumps(tool_result["content"])
+    assert second["system"] == first["system"] and second["tools"] == first["tools"]
+    assert requests[1]["response"]["stop_reason"] == "end_turn"
+
+
+def _without_cache_control(message: dict) -> dict:
+    """The CLI keeps cache_control on the newest message only; an un-marked lone text block
+    becomes a plain string."""
+    content = message["content"]
+    if not isinstance(content, list):
+        return message
+    blocks = [{k: v for k, v in b.items() if k != "cache_control"} for b in content]
+    if any("cache_control" in b for b in content) and len(blocks) == 1 and blocks[0]["type"] == "text":
+        return {**message, "content": blocks[0]["text"]}
+    return {**message, "content": blocks}
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"),
+                    reason="fixtures were recorded on linux-x64; the prompt names the platform")
+def test_real_cli_still_sends_what_the_fixtures_hold(bash_two_turn: cc.Recording) -> None:
+    index = _fixture_index()
+    expected = [json.loads((FIXTURES / e["file"]).read_text())
+                for e in index["scenarios"]["bash_two_turn"]["requests"]]
+    live = bash_two_turn.requests
+    assert [r["body"] for r in live] == [r["body"] for r in expected], (
+        f"the CLI's requests drifted from tests/fixtures/claude_code; regenerate: {index['regenerate']}")
+    volatile = {"host", "content-length", "x-stainless-arch", "x-stainless-os", "x-stainless-runtime-version"}
+    for got, want in zip(live, expected):
+        assert {k: v for k, v in got["headers"].items() if k not in volatile} == \
+            {k: v for k, v in want["headers"].items() if k not in volatile}
+
+
+def _processes_with(marker: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(f"{pid}: {cmdline}")
+    return found
+
+
+def _processes_in_home(home: Path) -> list[str]:
+    """Processes whose environment has HOME=home (the CLI and everything it started)."""
+    needle = f"HOME={home}".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find processes")
+def test_real_cli_leaves_no_process_behind(claude_binary: Path, tmp_path: Path) -> None:
+    command = "(sleep 3171 &); nohup sleep 3172 >/dev/null 2>&1 & setsid sleep 3173 & echo tokentrail"
+    replies = [cc.bash_tool_use(command), cc.text_reply("started")]
+    with cc.RecordingAnthropicStub(cc.scripted(replies)) as stub:
+        result = cc.run_claude_code(stub.base_url, "start three sleepers", workdir=tmp_path,
+                                    allowed_tools=["Bash"], executable=claude_binary)
+    assert result.ok, result.stderr_tail
+    assert [r["content"] for r in result.tool_results()] == ["tokentrail"]
+    assert _processes_with("sleep 317") == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find processes")
+def test_real_cli_is_killed_at_the_timeout(claude_binary: Path, tmp_path: Path) -> None:
+    release = threading.Event()
+
+    def never_answers(body: dict) -> cc.Reply:
+        release.wait(60)
+        return cc.text_reply("too late")
+
+    home = tmp_path / "home-for-timeout-test"
+    home.mkdir()
+    try:
+        with cc.RecordingAnthropicStub(never_answers) as stub:
+            result = cc.run_claude_code(stub.base_url, "hello", workdir=tmp_path, timeout=5,
+                                        executable=claude_binary, home=home)
+            assert result.timed_out and result.returncode is None and result.result is None
+            assert len(stub.messages_requests()) >= 1
+            assert _processes_in_home(home) == []
+    finally:
+        release.set()
