@@ -1,0 +1,62 @@
+"""The real Claude Code CLI (npm @anthropic-ai/claude-code), headless, offline, against the
+interceptor with the reference policy server behind it: a multi-turn tool-using session is
+captured, rebuilt as one unmasked chain, and is token-exact under re-scoring."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+
+import httpx
+import pytest
+
+from compose.stack import LocalStack
+
+pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
+
+
+@pytest.fixture(scope="module")
+def claude():
+    from compose.claude_code import ensure_claude_code
+
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed: the Claude Code CLI comes from the npm registry")
+    return ensure_claude_code()
+
+
+@pytest.fixture(scope="module")
+def cc_stack(kafka_bootstrap, tmp_path_factory):
+    tag = uuid.uuid4().hex[:8]
+    # Claude Code's system prompt, tools and environment message are ~50 KB of text.
+    with LocalStack(kafka_bootstrap, tmp_path_factory.mktemp("cc"), topic_prefix=f"cc{tag}.", processor_id=f"cc{tag}",
+                    policy_args=("--max-model-len", "262144")) as running:
+        yield running
+
+
+def _last_message_id(result) -> str | None:
+    ids = [e["message"]["id"] for e in result.events if e.get("type") == "assistant" and e.get("message", {}).get("id")]
+    return ids[-1] if ids else None
+
+
+def test_claude_code_session_is_captured_token_exact(claude, cc_stack, tmp_path):
+    from compose.claude_code import run_claude_code
+
+    rid = f"claude-{uuid.uuid4().hex[:8]}"
+    result = run_claude_code(
+        cc_stack.capture_base_url(rid).removesuffix("/v1"),
+        "Check the working directory with one shell command, then summarise. #tool-calls=2",
+        workdir=tmp_path, timeout=180,
+    )
+    assert result.ok, f"claude exited {result.returncode}: {result.stderr_tail}\n{result.stdout_tail}"
+    tool_outputs = [r for r in result.tool_results()]
+    assert len(tool_outputs) >= 2 and any("tokentrail" in str(r) for r in tool_outputs)
+    cc_stack.finish(rid, {"reward": 1.0}, final_response_id=_last_message_id(result), final_text=result.final_text)
+    record = cc_stack.wait_rollouts([rid], timeout=90)[rid]
+    m = record["_ng_token_capture"]
+    assert record["mask_sample"] is False, record["mask_reasons"]
+    assert m["n_calls"] >= 3 and m["chains"] == 1 and m["roots"] == 1 and m["delivered_fraction"] == 1.0
+    traj = record["trajectory"]
+    scored = httpx.post(f"{cc_stack.policy_url}/tokentrail/score", json={"token_ids": traj["token_ids"], "start": 1},
+                        timeout=60).json()["logprobs"]
+    generated = [i for i, bit in enumerate(traj["loss_mask"]) if bit]
+    assert [scored[i - 1] for i in generated] == traj["log_probs"]
