@@ -49,6 +49,7 @@ class Outcome:
     error: str | None = None
     messages: list[dict[str, Any]] = field(default_factory=list)
     tool_results: list[str] = field(default_factory=list)
+    response_ids: list[str] = field(default_factory=list)  # one per answered call, in order
 
 
 async def run_rollout(
@@ -73,6 +74,7 @@ async def run_rollout(
         for _ in range(max_turns):
             response = await client.chat.completions.create(model=model, messages=messages, tools=list(tools))
             outcome.calls += 1
+            outcome.response_ids.append(response.id)
             message = response.choices[0].message
             messages.append(message.model_dump(exclude_none=True))
             if not message.tool_calls:

@@ -341,6 +341,45 @@ def _launch(state: Path, java: str, libs: Path, version: str, partitions: int, h
     raise BrokerError(f"Kafka broker {why}; last lines of {state / 'broker.log'}:\n{tail}")
 
 
+def kill_broker(state_dir: Path | str) -> BrokerInfo:
+    """SIGKILL the broker (a crash), keeping its data and ports for ``restart_broker``."""
+    state = Path(state_dir).resolve()
+    info = _read_record(state)
+    if info is None or not _is_broker_process(info.pid):
+        raise BrokerError(f"no running broker in {state}")
+    os.kill(info.pid, signal.SIGKILL)
+    proc = _CHILDREN.pop(info.pid, None)
+    if proc is not None:
+        proc.wait()
+    else:
+        _wait_gone(info.pid, STOP_TIMEOUT_S)
+    return info
+
+
+def restart_broker(state_dir: Path | str, *, heap: str = "512m", libs_dir: Path | str | None = None,
+                   ready_timeout: float = READY_TIMEOUT_S) -> BrokerInfo:
+    """Start a crashed broker again on the same ports and data (Kafka recovers its log)."""
+    state = Path(state_dir).resolve()
+    old = _read_record(state)
+    if old is None:
+        raise BrokerError(f"no broker record in {state}: start one with start_broker first")
+    if _is_broker_process(old.pid):
+        return replace(old, reused=True)
+    java, libs = find_java(), ensure_jars(libs_dir)
+    started = time.time()
+    with open(state / "broker.log", "ab") as log:
+        proc = subprocess.Popen(java_command(java, libs, old.kafka_version, heap, _BROKER_MAIN,
+                                             str(state / "server.properties")),
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=state,
+                                start_new_session=True)
+    _CHILDREN[proc.pid] = proc
+    info = replace(old, pid=proc.pid, started_at=started, reused=False)
+    _write_record(state, info)
+    if not _wait_ready(info.bootstrap, proc.pid, ready_timeout):
+        raise BrokerError(f"restarted broker did not answer at {info.bootstrap}; see {state / 'broker.log'}")
+    return replace(info, startup_s=time.time() - started)
+
+
 def _wait_ready(bootstrap: str, pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     client = _probe_client(bootstrap)

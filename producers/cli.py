@@ -20,6 +20,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spool-dir", help="fsynced local spool used while Kafka is down (one per process)")
     parser.add_argument("--prefix-supply", action="store_true",
                         help="send the verified parent's exact ids (engine must honour required_prefix_token_ids)")
+    parser.add_argument("--publish-timeout-ms", type=int, default=5000,
+                        help="wait this long for Kafka's ack before spooling (or failing without a spool)")
     parser.add_argument("--no-delta-records", action="store_true", help="always store full prompts")
     parser.add_argument("--sampling", default="{}", help='sampling pin, JSON, e.g. \'{"temperature": 1.0}\'')
     parser.add_argument("--log-level", default="warning")
@@ -42,6 +44,7 @@ def main(args: argparse.Namespace) -> int:
             spool_dir=args.spool_dir,
             prefix_supply=args.prefix_supply,
             delta_records=not args.no_delta_records,
+            publish_timeout_ms=args.publish_timeout_ms,
         )
     except (ValidationError, ValueError) as exc:
         print(f"tokentrail intercept: invalid settings:\n{exc}", file=sys.stderr)
