@@ -52,7 +52,7 @@ class Outcome:
     response_ids: list[str] = field(default_factory=list)  # one per answered call, in order
 
 
-async def run_rollout(
+async def run_rollout(  # OpenAI chat completions
     base_url: str,
     rollout_id: str,
     task: str,
@@ -62,6 +62,7 @@ async def run_rollout(
     tool_calls: int = 2,
     model: str = "tokentrail-policy",
     max_turns: int = 10,
+    stream: bool = False,
 ) -> Outcome:
     """Run one multi-turn, tool-using conversation; never raises (errors end the rollout)."""
     client = openai.AsyncOpenAI(base_url=base_url, api_key="not-needed", max_retries=0, timeout=60)
@@ -72,7 +73,11 @@ async def run_rollout(
     outcome = Outcome(rollout_id, messages=messages)
     try:
         for _ in range(max_turns):
-            response = await client.chat.completions.create(model=model, messages=messages, tools=list(tools))
+            if stream:
+                async with client.chat.completions.stream(model=model, messages=messages, tools=list(tools)) as s:
+                    response = await s.get_final_completion()
+            else:
+                response = await client.chat.completions.create(model=model, messages=messages, tools=list(tools))
             outcome.calls += 1
             outcome.response_ids.append(response.id)
             message = response.choices[0].message
@@ -86,6 +91,88 @@ async def run_rollout(
                                    len(outcome.tool_results))
                 outcome.tool_results.append(result)
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+        outcome.error = f"no final answer after {max_turns} turns"
+    except openai.APIError as exc:
+        outcome.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        await client.close()
+    return outcome
+
+
+async def run_anthropic_rollout(
+    base_url: str, rollout_id: str, task: str, *, stream: bool = False, tool_calls: int = 2,
+    model: str = "claude-opus-5-5", max_turns: int = 10,
+) -> Outcome:
+    """The same loop over Anthropic Messages (the Claude Code wire format), via the Anthropic SDK."""
+    import anthropic
+
+    client = anthropic.AsyncAnthropic(base_url=base_url, api_key="not-needed", max_retries=0, timeout=60)
+    tool = {"name": "get_weather", "description": "Current weather for a city",
+            "input_schema": WEATHER_TOOL["function"]["parameters"]}
+    system = [{"type": "text", "text": f"You are a helpful agent. #tool-calls={tool_calls}",
+               "cache_control": {"type": "ephemeral"}}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": task}]}]
+    outcome = Outcome(rollout_id, messages=messages)
+    try:
+        for _ in range(max_turns):
+            kwargs = dict(model=model, max_tokens=512, system=system, tools=[tool], messages=messages)
+            if stream:
+                async with client.messages.stream(**kwargs) as s:
+                    final = await s.get_final_message()
+            else:
+                final = await client.messages.create(**kwargs)
+            outcome.calls += 1
+            outcome.response_ids.append(final.id)
+            messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in final.content]})
+            uses = [b for b in final.content if b.type == "tool_use"]
+            if not uses:
+                outcome.final_text = "".join(b.text for b in final.content if b.type == "text")
+                outcome.final_response_id = final.id
+                return outcome
+            results = []
+            for use in uses:
+                result = weather_tool(use.name, dict(use.input), len(outcome.tool_results))
+                outcome.tool_results.append(result)
+                results.append({"type": "tool_result", "tool_use_id": use.id, "content": result})
+            messages.append({"role": "user", "content": results})
+        outcome.error = f"no final answer after {max_turns} turns"
+    except anthropic.APIError as exc:
+        outcome.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        await client.close()
+    return outcome
+
+
+async def run_responses_rollout(
+    base_url: str, rollout_id: str, task: str, *, stream: bool = False, tool_calls: int = 2,
+    model: str = "gpt-5-codex", max_turns: int = 10,
+) -> Outcome:
+    """The same loop over the OpenAI Responses API (the Codex wire format), stateless (store=False)."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="not-needed", max_retries=0, timeout=60)
+    tool = {"type": "function", **{k: v for k, v in WEATHER_TOOL["function"].items()}}
+    items: list[Any] = [{"role": "user", "content": task}]
+    outcome = Outcome(rollout_id, messages=items)
+    try:
+        for _ in range(max_turns):
+            kwargs = dict(model=model, instructions=f"You are a helpful agent. #tool-calls={tool_calls}",
+                          input=items, tools=[tool], store=False)
+            if stream:
+                async with client.responses.stream(**kwargs) as s:
+                    final = await s.get_final_response()
+            else:
+                final = await client.responses.create(**kwargs)
+            outcome.calls += 1
+            outcome.response_ids.append(final.id)
+            items += [o.model_dump(exclude_none=True) for o in final.output if o.type in ("message", "function_call")]
+            calls = [o for o in final.output if o.type == "function_call"]
+            if not calls:
+                outcome.final_text = final.output_text
+                outcome.final_response_id = final.id
+                return outcome
+            for call in calls:
+                result = weather_tool(call.name, json.loads(call.arguments or "{}"), len(outcome.tool_results))
+                outcome.tool_results.append(result)
+                items.append({"type": "function_call_output", "call_id": call.call_id, "output": result})
         outcome.error = f"no final answer after {max_turns} turns"
     except openai.APIError as exc:
         outcome.error = f"{type(exc).__name__}: {exc}"

@@ -25,6 +25,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-delta-records", action="store_true", help="always store full prompts")
     parser.add_argument("--sampling", default="{}", help='sampling pin, JSON, e.g. \'{"temperature": 1.0}\'')
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--log-format", choices=["json", "text"], default="json")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -52,7 +53,10 @@ def main(args: argparse.Namespace) -> int:
     import uvicorn
 
     from producers.app import Interceptor
+    from producers.logs import configure_logging
+
+    configure_logging(args.log_level, args.log_format)
 
     uvicorn.run(Interceptor(settings), host=settings.host, port=settings.port, log_level=args.log_level,
-                lifespan="on", access_log=False)
+                lifespan="on", access_log=False, log_config=None)
     return 0

@@ -165,6 +165,11 @@ class CaptureCore:
             cum_tokens=(tokens.prompt_token_ids + tokens.generation_token_ids) if self.index.keep_tokens else None,
         )
         self.metrics.captured.inc()
+        log.info("call captured", extra={
+            "rollout_id": ctx.rollout_id, "model_call_id": ctx.model_call_id, "outcome": "captured",
+            "dialect": ctx.dialect.value, "streamed": ctx.facts.streamed, "parent": captured.parent_call_id,
+            "resolution": captured.parent_resolution.value, "delta": captured.prompt_is_delta,
+            "prompt_tokens": captured.prompt_len, "generated_tokens": len(captured.generation_token_ids)})
         return Outcome.CAPTURED
 
     def _with_lineage(self, call: Call, captured: CallCaptured, prompt: list[int], prefix_supplied: bool) -> CallCaptured:
@@ -199,6 +204,9 @@ class CaptureCore:
             log.error("incomplete marker (%s) for rollout %s not durable: %s", reason, rollout_id, exc)
             return False
         self.metrics.incomplete.labels(reason=str(reason)).inc()
+        log.warning("call incomplete", extra={"rollout_id": rollout_id, "model_call_id": call_id,
+                                              "outcome": "incomplete", "reason": str(reason), "route": route,
+                                              "http_status": status, "detail": detail[:300]})
         return True
 
     async def write(self, rollout_id: str, body: Any) -> RolloutEvent:

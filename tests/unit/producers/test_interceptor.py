@@ -129,3 +129,15 @@ async def test_tool_call_output_items_hash_like_the_echo(interceptor, upstream, 
     call = publisher.events[0].body
     assert call.continuation_fingerprint == assistant_fingerprint(echo)
     assert call.facts.tools_present and call.facts.tool_schema_digest
+
+
+def test_structured_logs_carry_the_call_identity_as_fields():
+    import json as _json
+    import logging
+
+    from producers.logs import JsonFormatter
+
+    record = logging.makeLogRecord({"msg": "call captured", "levelname": "INFO", "name": "tokentrail.interceptor",
+                                    "rollout_id": "r-1", "model_call_id": "abc", "outcome": "captured"})
+    line = _json.loads(JsonFormatter().format(record))
+    assert line["rollout_id"] == "r-1" and line["model_call_id"] == "abc" and line["msg"] == "call captured"
