@@ -28,6 +28,8 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import sys
+from array import array
 from typing import Any, Iterable
 
 DIGEST_VERSION = 1
@@ -38,6 +40,8 @@ _FINGERPRINT_DOMAIN = b"nemo-gym-lineage"
 _CONTEXT_DOMAIN = b"nemo-gym-lineage-context"
 _TEXT_BLOCK_TYPES = frozenset({"", "text", "input_text", "output_text"})
 _UINT64_MAX = (1 << 64) - 1
+_LITTLE_ENDIAN = sys.byteorder == "little"
+assert array("Q").itemsize == 8
 
 
 def compute_digest(token_ids: Iterable[int]) -> str:
@@ -46,14 +50,17 @@ def compute_digest(token_ids: Iterable[int]) -> str:
     hasher = hashlib.sha256(_TOKENS_DOMAIN)
     if ids:
         try:
-            packed = struct.pack(f">B Q {len(ids)}Q", DIGEST_VERSION, len(ids), *ids)
-        except struct.error as exc:
+            packed = array("Q", ids)  # C-speed packing; checks every id is an int in [0, 2**64)
+        except (OverflowError, TypeError) as exc:
             bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t <= _UINT64_MAX), None)
             raise ValueError(
                 f"token ids must be integers in [0, 2**64); got {bad!r}: "
                 "negative or non-integer ids are never valid token ids"
             ) from exc
-        hasher.update(packed)
+        if _LITTLE_ENDIAN:
+            packed.byteswap()  # the digest hashes big-endian ids
+        hasher.update(struct.pack(">BQ", DIGEST_VERSION, len(ids)))
+        hasher.update(packed.tobytes())
     return hasher.hexdigest()
 
 
