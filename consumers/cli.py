@@ -15,10 +15,16 @@ from pydantic import ValidationError
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
     parser.add_argument("--group-id", default="tokentrail-consumer")
-    parser.add_argument("--sink", default="jsonl", help="'jsonl' or module:Class of a TrainerSink")
+    parser.add_argument("--sink", default="jsonl", help="'jsonl', 'kafka' or module:Class of a TrainerSink")
     parser.add_argument("--sink-path", help="JSONL file (for --sink jsonl)")
     parser.add_argument("--sink-kwargs", default="{}", help="JSON object of keyword arguments for the sink")
     parser.add_argument("--no-response", action="store_true", help="skip the Responses projection")
+    parser.add_argument("--rules", default="{}",
+                        help="JSON object of rebuild rules, e.g. '{\"side_call_models\": [\"haiku\"]}'")
+    parser.add_argument("--side-call-model", action="append", default=[], metavar="PATTERN",
+                        help="requested-model substring that marks a side call (repeatable)")
+    parser.add_argument("--max-mask-fraction", type=float, help="stop when more than this fraction is masked")
+    parser.add_argument("--mask-fraction-min-samples", type=int, default=50)
     parser.add_argument("--max-rollouts", type=int, help="stop after delivering this many rollouts")
     parser.add_argument("--topic-prefix", default="", help="prefix of every topic name (isolation)")
     parser.add_argument("--log-level", default="WARNING")
@@ -26,21 +32,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from consumers.settings import ConsumerSettings
-    from schemas.topics import topic_names
     from schemas.errors import ConfigError
+    from schemas.topics import topic_names
 
     try:
         kwargs = json.loads(args.sink_kwargs)
+        rules = json.loads(args.rules)
+        if not isinstance(kwargs, dict) or not isinstance(rules, dict):
+            raise ValueError("--sink-kwargs and --rules must be JSON objects")
+        if args.side_call_model:
+            rules["side_call_models"] = [*rules.get("side_call_models", []), *args.side_call_model]
+        topics = topic_names(args.topic_prefix)
         if args.sink_path:
             kwargs["path"] = args.sink_path
+        if args.sink == "kafka":
+            kwargs.setdefault("bootstrap", args.bootstrap)
+            kwargs.setdefault("topic", topics.rebuilt)
         settings = ConsumerSettings(bootstrap=args.bootstrap, group_id=args.group_id, sink=args.sink,
-                                    sink_kwargs=kwargs, project_response=not args.no_response,
-                                    topics=topic_names(args.topic_prefix))
+                                    sink_kwargs=kwargs, project_response=not args.no_response, rules=rules,
+                                    max_mask_fraction=args.max_mask_fraction,
+                                    mask_fraction_min_samples=args.mask_fraction_min_samples, topics=topics)
     except (ValidationError, ValueError) as exc:
         print(f"tokentrail consume: invalid settings: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    from consumers.loop import RebuildConsumer
     from consumers.sinks import load_sink
 
     try:
@@ -52,16 +67,23 @@ def main(args: argparse.Namespace) -> int:
 
 
 async def _run(settings, sink, max_rollouts) -> int:
-    from consumers.loop import RebuildConsumer
+    from consumers.loop import MaskFractionExceeded, RebuildConsumer
+    from schemas.errors import TransportError
 
     consumer = RebuildConsumer(settings, sink)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    code = 0
     try:
-        stats = await consumer.run(stop=stop, max_rollouts=max_rollouts)
+        await consumer.run(stop=stop, max_rollouts=max_rollouts)
+    except (MaskFractionExceeded, TransportError) as exc:
+        print(f"tokentrail consume: {exc}", file=sys.stderr)
+        code = 3
     finally:
         await consumer.close()
-    print(json.dumps({"delivered": stats.delivered, "masked": stats.masked, "mask_reasons": stats.mask_reasons}))
-    return 0
+    stats = consumer.stats
+    print(json.dumps({"rebuilt": stats.rebuilt, "delivered": stats.delivered, "masked": stats.masked,
+                      "deadletters": stats.deadletters, "mask_reasons": dict(stats.mask_reasons)}))
+    return code

@@ -1,32 +1,42 @@
-"""The rebuild consumer: snapshots in, rebuilt rollouts to a sink, then retire.
+"""The rebuild consumer: snapshots in, rebuilt rollouts to a sink, then retire and commit.
 
-For each snapshot, in partition order: rebuild (pure) → ``sink.deliver`` (durable
-when it returns) → publish ``RetireRequested(snapshot_id, version)`` and await
-its ack → commit the snapshot's offset. A crash anywhere before the commit
-re-delivers the snapshot (sinks are idempotent by snapshot identity); nothing
-is ever committed that was not delivered. An undecodable snapshot goes to the
+For each snapshot, in partition order: decode → ``rebuild`` (pure, in a worker
+thread) → ``sink.deliver`` (durable when it returns) → publish
+``RetireRequested(snapshot_id, version)`` and await its ack → commit. Up to
+``max_in_flight`` deliveries may be pending at once (a grouping sink needs a
+whole group in flight); a partition's offset is committed only up to its
+lowest snapshot whose delivery has not returned, so nothing is ever committed
+that was not delivered, and a crash anywhere re-delivers from the commit point
+(sinks are idempotent by snapshot identity). An undecodable snapshot goes to the
 dead-letter topic with the reason and the stream goes on.
 
 Masked rollouts are delivered and retired too: the rollout-events topic keeps
-the evidence (``tokentrail replay`` rebuilds any of them), so the processor's
-state stays bounded.
+the evidence (replay rebuilds any of them), so the processor's state stays
+bounded. With ``max_mask_fraction`` set, once ``mask_fraction_min_samples``
+rollouts were rebuilt, a masked fraction above the limit stops the consumer
+with ``MaskFractionExceeded`` listing the mask reasons, before that rollout is
+delivered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
+import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import confluent_kafka
 
-from consumers.rebuild import RebuildRules, rebuild
+from consumers.offsets import OffsetTracker
+from consumers.rebuild import rebuild
 from consumers.settings import ConsumerSettings
 from consumers.sinks import TrainerSink
 from schemas.codec import decode_snapshot, encode_event
-from schemas.errors import CodecError, TransportError
+from schemas.errors import CodecError, TokentrailError, TransportError
 from schemas.ids import new_event_id
 from schemas.records import RebuiltRollout, RetireRequested, RolloutEvent
 from schemas.topics import MAX_MESSAGE_BYTES, PRODUCER_PARTITIONER, key_for
@@ -34,90 +44,202 @@ from schemas.topics import MAX_MESSAGE_BYTES, PRODUCER_PARTITIONER, key_for
 log = logging.getLogger("tokentrail.consumer")
 
 
+class MaskFractionExceeded(TokentrailError):
+    """Too many rebuilt rollouts are masked: training on the rest would be training on mostly nothing."""
+
+
+class DeliveryFailed(TransportError):
+    """A sink's ``deliver`` raised: the rollout was not committed and will be delivered again."""
+
+
 @dataclass(slots=True)
 class ConsumerStats:
+    rebuilt: int = 0
     delivered: int = 0
     masked: int = 0
     deadletters: int = 0
-    mask_reasons: dict[str, int] = field(default_factory=dict)
+    mask_reasons: Counter[str] = field(default_factory=Counter)
 
 
 class RebuildConsumer:
-    """Consumes ``tokentrail.snapshots`` in a consumer group and feeds one sink."""
+    """Consumes ``tokentrail.snapshots`` in a consumer group and feeds one sink.
 
-    def __init__(self, settings: ConsumerSettings, sink: TrainerSink) -> None:
+    ``kafka_consumer`` / ``kafka_producer`` replace the confluent-kafka clients
+    (tests); the consumer must already be subscribed.
+    """
+
+    def __init__(self, settings: ConsumerSettings, sink: TrainerSink, *, kafka_consumer: Any = None,
+                 kafka_producer: Any = None) -> None:
         self.settings = settings
         self.sink = sink
-        self.rules = RebuildRules(project_response=settings.project_response)
+        rules = settings.rebuild_rules()
+        if not getattr(sink, "include_response", True):
+            rules = dataclasses.replace(rules, project_response=False)
+        self.rules = rules
+        self.window = settings.max_in_flight or max(1, int(getattr(sink, "max_in_flight", 1)))
         self.stats = ConsumerStats()
         self.source = f"consumer:{settings.group_id}@{socket.gethostname()}"
-        self._consumer = confluent_kafka.Consumer(
-            {
-                "bootstrap.servers": settings.bootstrap,
-                "group.id": settings.group_id,
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                "isolation.level": "read_committed",
-                "fetch.message.max.bytes": MAX_MESSAGE_BYTES,
-                "max.partition.fetch.bytes": MAX_MESSAGE_BYTES,
-                "session.timeout.ms": settings.session_timeout_ms,
-            }
-        )
-        self._producer = confluent_kafka.Producer(
-            {
-                "bootstrap.servers": settings.bootstrap,
-                "enable.idempotence": True,
-                "acks": "all",
-                "partitioner": PRODUCER_PARTITIONER,
-                "linger.ms": 0,
-                "message.max.bytes": MAX_MESSAGE_BYTES,
-            }
-        )
-        self._consumer.subscribe([settings.topics.snapshots])
+        self._offsets = OffsetTracker()
+        self._consumer = kafka_consumer or self._subscribe()
+        self._producer = kafka_producer or confluent_kafka.Producer({
+            "bootstrap.servers": settings.bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "partitioner": PRODUCER_PARTITIONER,
+            "linger.ms": 0,
+            "message.max.bytes": MAX_MESSAGE_BYTES,
+        })
+
+    def _subscribe(self) -> Any:
+        consumer = confluent_kafka.Consumer({
+            "bootstrap.servers": self.settings.bootstrap,
+            "group.id": self.settings.group_id,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "fetch.message.max.bytes": MAX_MESSAGE_BYTES,
+            "max.partition.fetch.bytes": MAX_MESSAGE_BYTES,
+            "session.timeout.ms": self.settings.session_timeout_ms,
+        })
+        consumer.subscribe([self.settings.topics.snapshots], on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        return consumer
+
+    def _on_revoke(self, _consumer: Any, partitions: list[Any]) -> None:
+        # Deliveries still pending on these partitions will not commit: the new owner re-delivers.
+        self._offsets.forget((p.topic, p.partition) for p in partitions)
 
     async def run(self, *, stop: asyncio.Event | None = None, max_rollouts: int | None = None) -> ConsumerStats:
-        """Consume until ``stop`` is set or ``max_rollouts`` rollouts were delivered."""
+        """Consume until ``stop`` is set or ``max_rollouts`` rollouts were delivered.
+
+        Raises ``DeliveryFailed`` when the sink failed and ``MaskFractionExceeded``
+        when the masked fraction went over the limit (after pending deliveries
+        settled; nothing undelivered is committed either way).
+        """
         stop = stop or asyncio.Event()
-        while not stop.is_set():
-            if max_rollouts is not None and self.stats.delivered >= max_rollouts:
-                break
-            msg = await asyncio.to_thread(self._consumer.poll, self.settings.poll_timeout_s)
-            if msg is None:
-                continue
-            if msg.error():
-                log.warning("consumer error: %s", msg.error())
-                continue
-            await self.handle(msg)
+        slots = asyncio.Semaphore(self.window)
+        pending: set[asyncio.Task[None]] = set()
+        failure: list[BaseException] = []
+
+        def settle(task: asyncio.Task[None]) -> None:
+            pending.discard(task)
+            slots.release()
+            if not task.cancelled() and task.exception() is not None:
+                failure.append(task.exception())  # type: ignore[arg-type]
+
+        try:
+            while not stop.is_set() and not failure:
+                if max_rollouts is not None and self.stats.delivered + len(pending) >= max_rollouts:
+                    if not pending:
+                        break
+                    await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                if not await self._slot(slots, stop, failure):
+                    break
+                msg = await self._poll()
+                rollout = await self._prepare(msg) if msg is not None else None
+                if rollout is None:
+                    slots.release()
+                    continue
+                task = asyncio.create_task(self._deliver(msg, rollout))
+                pending.add(task)
+                task.add_done_callback(settle)
+        finally:
+            await self._drain(pending)
+        if failure:
+            exc = failure[0]
+            if isinstance(exc, TokentrailError):
+                raise exc
+            raise DeliveryFailed(f"the sink failed to deliver a rollout: {type(exc).__name__}: {exc}") from exc
         return self.stats
 
+    async def _slot(self, slots: asyncio.Semaphore, stop: asyncio.Event, failure: list) -> bool:
+        """Wait for a free delivery slot, or give up when stopping or a delivery failed."""
+        while not stop.is_set() and not failure:
+            try:
+                await asyncio.wait_for(slots.acquire(), timeout=self.settings.poll_timeout_s)
+            except TimeoutError:
+                continue
+            if stop.is_set() or failure:  # the slot may have been freed by the delivery that failed
+                slots.release()
+                return False
+            return True
+        return False
+
+    async def _drain(self, pending: set[asyncio.Task[None]]) -> None:
+        if not pending:
+            return
+        _, late = await asyncio.wait(set(pending), timeout=self.settings.shutdown_grace_s)
+        for task in late:  # not delivered: not committed, delivered again after a restart
+            task.cancel()
+        if late:
+            await asyncio.wait(late)
+            log.warning("stopped with %d deliveries still pending; they will be delivered again", len(late))
+
     async def handle(self, msg: Any) -> RebuiltRollout | None:
+        """Process one polled message to the end (rebuild, deliver, retire, commit); for tools and tests."""
+        rollout = await self._prepare(msg)
+        if rollout is not None:
+            await self._deliver(msg, rollout)
+        return rollout
+
+    async def _prepare(self, msg: Any) -> RebuiltRollout | None:
+        if msg.error():
+            log.warning("consumer error: %s", msg.error())
+            return None
+        tp = (msg.topic(), msg.partition())
+        self._offsets.start(tp, msg.offset())
         try:
             snapshot = decode_snapshot(msg.value())
         except CodecError as exc:
-            await asyncio.to_thread(self._deadletter, msg, type(exc).__name__, str(exc))
+            await self._in_thread(self._deadletter, msg, type(exc).__name__, str(exc))
             self.stats.deadletters += 1
-            await asyncio.to_thread(self._commit, msg)
+            await self._done(msg)
             return None
-        rollout = rebuild(snapshot, self.rules)
-        await self.sink.deliver(rollout)
+        rollout = await asyncio.to_thread(rebuild, snapshot, self.rules)
         self._count(rollout)
-        if self.settings.retire:
-            await asyncio.to_thread(self._retire, rollout)
-        await asyncio.to_thread(self._commit, msg)
         return rollout
 
     def _count(self, rollout: RebuiltRollout) -> None:
-        self.stats.delivered += 1
+        stats = self.stats
+        stats.rebuilt += 1
         if rollout.mask_sample:
-            self.stats.masked += 1
-            for reason in rollout.mask_reasons:
-                self.stats.mask_reasons[reason.code] = self.stats.mask_reasons.get(reason.code, 0) + 1
+            stats.masked += 1
+            stats.mask_reasons.update(r.code for r in rollout.mask_reasons)
+        limit = self.settings.max_mask_fraction
+        if limit is not None and stats.rebuilt >= self.settings.mask_fraction_min_samples:
+            if stats.masked / stats.rebuilt > limit:
+                reasons = ", ".join(f"{code}: {n}" for code, n in stats.mask_reasons.most_common())
+                raise MaskFractionExceeded(
+                    f"{stats.masked} of {stats.rebuilt} rebuilt rollouts ({stats.masked / stats.rebuilt:.1%}) are "
+                    f"masked, exceeding max_mask_fraction={limit}. Mask reasons: {{{reasons}}}. Stopping instead of "
+                    f"delivering mostly untrainable data (rollout {rollout.rollout_id} was not delivered); "
+                    "fix the cause or raise the limit, then restart: delivery resumes where it stopped."
+                )
+
+    async def _deliver(self, msg: Any, rollout: RebuiltRollout) -> None:
+        await self.sink.deliver(rollout)
+        self.stats.delivered += 1
+        if self.settings.retire:
+            await self._in_thread(self._retire, rollout)
+        await self._done(msg)
+
+    async def _done(self, msg: Any) -> None:
+        commit = self._offsets.finish((msg.topic(), msg.partition()), msg.offset())
+        if commit is not None:
+            await self._in_thread(self._commit, msg.topic(), msg.partition(), commit)
+
+    async def _poll(self) -> Any:
+        return await self._in_thread(self._consumer.poll, self.settings.poll_timeout_s)
+
+    @staticmethod
+    async def _in_thread(fn: Any, *args: Any) -> Any:
+        # Blocking client calls run in worker threads. librdkafka handles are thread-safe, so a
+        # delivery's retire and commit need not wait for a poll that is idling on an empty topic.
+        return await asyncio.to_thread(fn, *args)
 
     def _retire(self, rollout: RebuiltRollout) -> None:
         event = RolloutEvent(
-            event_id=new_event_id(),
-            rollout_id=rollout.rollout_id,
-            emitted_at=_now_us(),
+            event_id=new_event_id(), rollout_id=rollout.rollout_id, emitted_at=time.time_ns() // 1000,
             source=self.source,
             body=RetireRequested(snapshot_id=rollout.snapshot_id, version=rollout.version,
                                  consumer=self.settings.group_id),
@@ -136,16 +258,15 @@ class RebuildConsumer:
         if self._producer.flush(30) or not errors or errors[0] is not None:
             raise TransportError(f"publish to {topic} was not acknowledged: {errors[0] if errors else 'timeout'}")
 
-    def _commit(self, msg: Any) -> None:
-        self._consumer.commit(message=msg, asynchronous=False)
+    def _commit(self, topic: str, partition: int, offset: int) -> None:
+        try:
+            self._consumer.commit(offsets=[confluent_kafka.TopicPartition(topic, partition, offset)],
+                                  asynchronous=False)
+        except confluent_kafka.KafkaException as exc:
+            # A partition revoked meanwhile: its new owner re-delivers from the last commit.
+            log.warning("commit of %s[%d]@%d failed: %s", topic, partition, offset, exc)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._consumer.close)
         await asyncio.to_thread(self._producer.flush, 10)
         await self.sink.close()
-
-
-def _now_us() -> int:
-    import time
-
-    return time.time_ns() // 1000

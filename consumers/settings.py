@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from consumers.rebuild.rules import RebuildRules
+from schemas.errors import ConfigError
 from schemas.topics import TopicNames
 
 
@@ -15,10 +17,16 @@ class ConsumerSettings(BaseModel):
     bootstrap: str
     group_id: str = "tokentrail-consumer"
     topics: TopicNames = TopicNames()
-    sink: str = Field("jsonl", description="'jsonl' or module:Class of a TrainerSink")
+    sink: str = Field("jsonl", description="'jsonl', 'kafka' or module:Class of a TrainerSink")
     sink_kwargs: dict[str, Any] = Field(default_factory=dict)
     project_response: bool = Field(True, description="Also build NeMo RL's response.output projection")
+    rules: dict[str, Any] = Field(default_factory=dict, description="RebuildRules fields (see consumers.rebuild.rules)")
     retire: bool = Field(True, description="Publish RetireRequested after durable delivery")
+    max_mask_fraction: float | None = Field(None, ge=0.0, le=1.0,
+                                            description="Stop when more than this fraction of rebuilt rollouts is masked")
+    mask_fraction_min_samples: int = Field(50, ge=1, description="Rollouts rebuilt before max_mask_fraction applies")
+    max_in_flight: int | None = Field(None, ge=1, description="Deliveries pending at once (default: the sink's own)")
+    shutdown_grace_s: float = Field(10.0, ge=0.0, description="How long stop waits for pending deliveries")
     poll_timeout_s: float = 0.5
     session_timeout_ms: int = 10_000
 
@@ -28,3 +36,16 @@ class ConsumerSettings(BaseModel):
         if not value or any(":" not in part for part in value.split(",")):
             raise ValueError(f"bootstrap must be host:port[,host:port], got {value!r}")
         return value
+
+    @field_validator("rules")
+    @classmethod
+    def _rules(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            RebuildRules.from_mapping({k: v for k, v in value.items() if k != "project_response"})
+        except (ConfigError, TypeError) as exc:
+            raise ValueError(str(exc)) from exc
+        return value
+
+    def rebuild_rules(self) -> RebuildRules:
+        """The rebuild rules these settings name (``project_response`` from its own field)."""
+        return RebuildRules.from_mapping({**self.rules, "project_response": self.project_response})

@@ -1,9 +1,23 @@
 """Trainer sinks: where rebuilt rollouts go. ``TrainerSink`` is the plugin point.
 
-A sink is any object with the two async methods below; plugins load from
-``module:Class`` with keyword arguments and are checked at startup (missing
-methods and unknown keyword arguments fail before any rollout is consumed,
-naming what is wrong).
+A sink is any object with the two async methods of the protocol; plugins load
+from ``module:Class`` (or a built-in name) with keyword arguments and are
+checked at startup: a malformed target, an import failure, a missing,
+non-callable or non-async method, an unknown keyword argument or a failing
+constructor is a ``ConfigError`` naming what is wrong, before any rollout is
+consumed. ``consumers.conformance.run_conformance`` checks the behaviour.
+
+Optional attributes a sink may declare:
+- ``include_response`` (bool, default True): False tells the consumer not to
+  build the Responses projection at all;
+- ``max_in_flight`` (int, default 1): how many ``deliver`` calls may be
+  pending at once (a grouping sink needs the whole group in flight);
+- ``idempotent_across_restarts`` (bool, default True): False when a
+  redelivery after a restart can reach the trainer twice (its readers then
+  deduplicate by ``(snapshot_id, version)``).
+
+Built in: ``jsonl`` (this module), ``kafka`` (``consumers.kafka_sink``), and the
+in-process async iterator ``consumers.inprocess.RolloutStream``.
 """
 
 from __future__ import annotations
@@ -15,9 +29,7 @@ import re
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-import orjson
-
-from consumers.rebuild import to_json_dict
+from consumers.rebuild import to_json_line
 from schemas.errors import ConfigError
 from schemas.records import RebuiltRollout
 
@@ -27,8 +39,8 @@ class TrainerSink(Protocol):
     """Receives every rebuilt rollout, masked ones included (``mask_sample`` says which).
 
     Guarantees a sink must give:
-    - ``deliver`` returns only when the rollout is durable (or handed to a
-      trainer that owns it); the consumer commits its offset and retires the
+    - ``deliver`` returns only when the rollout is durable (or owned by a
+      trainer in this process); the consumer commits its offset and retires the
       processor state only after that. Raising means "not delivered": the
       consumer stops without committing, and the rollout is delivered again.
     - ``deliver`` is idempotent by ``(snapshot_id, version)``: after a crash the
@@ -40,6 +52,9 @@ class TrainerSink(Protocol):
     async def deliver(self, rollout: RebuiltRollout) -> None: ...
 
     async def close(self) -> None: ...
+
+
+REQUIRED_METHODS = ("deliver", "close")
 
 
 class JsonlSink:
@@ -60,8 +75,12 @@ class JsonlSink:
         identity = (rollout.snapshot_id, rollout.version)
         if identity in self._delivered:
             return
-        line = orjson.dumps(to_json_dict(rollout, include_response=self.include_response)) + b"\n"
-        os.write(self._fd, line)
+        if self._fd < 0:
+            raise ConfigError(f"JSONL sink {self.path} is closed")
+        line = to_json_line(rollout, include_response=self.include_response)
+        view = memoryview(line)
+        while view:  # os.write may write less than asked on large lines
+            view = view[os.write(self._fd, view):]
         os.fsync(self._fd)
         self._delivered.add(identity)
 
@@ -91,32 +110,58 @@ def _identities_in(path: Path) -> set[tuple[str, int]]:
     return identities
 
 
-BUILTIN_SINKS = {"jsonl": "consumers.sinks:JsonlSink"}
+BUILTIN_SINKS = {"jsonl": "consumers.sinks:JsonlSink", "kafka": "consumers.kafka_sink:KafkaSink"}
 
 
 def load_sink(target: str, kwargs: dict[str, Any] | None = None) -> TrainerSink:
     """Construct a sink from ``module:Class`` (or a built-in name) and check it honours the protocol."""
+    cls, spec = _load_class(target)
+    check_sink_class(cls, spec)
     kwargs = dict(kwargs or {})
-    spec = BUILTIN_SINKS.get(target, target)
-    module_name, sep, class_name = spec.partition(":")
-    if not sep or not module_name or not class_name:
-        raise ConfigError(f"sink {target!r} must be 'module:Class' or one of {sorted(BUILTIN_SINKS)}")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"could not load sink {spec!r}: {exc}") from exc
-    missing = [m for m in ("deliver", "close") if not inspect.iscoroutinefunction(getattr(cls, m, None))]
-    if missing:
-        raise ConfigError(f"sink {spec} lacks async method(s) {missing}: a TrainerSink needs async deliver() and close()")
     params = inspect.signature(cls).parameters
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    unknown = sorted(set(kwargs) - set(params)) if not accepts_any else []
+    named = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    unknown = sorted(set(kwargs) - named) if not accepts_any else []
     if unknown:
-        raise ConfigError(f"sink {spec} does not accept keyword argument(s) {unknown}; it accepts {sorted(params)}")
+        raise ConfigError(f"sink {spec} does not accept keyword argument(s) {unknown}; it accepts {sorted(named)}")
+    missing = sorted(n for n, p in params.items() if n in named and p.default is p.empty and n not in kwargs)
+    if missing:
+        raise ConfigError(f"sink {spec} needs keyword argument(s) {missing}; pass them in the sink kwargs")
     try:
         sink = cls(**kwargs)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise ConfigError(f"sink {spec} could not be constructed with {sorted(kwargs)}: {exc}") from exc
     if not isinstance(sink, TrainerSink):
-        raise ConfigError(f"sink {spec} does not implement the TrainerSink protocol")
+        raise ConfigError(f"sink {spec} does not implement the TrainerSink protocol (async deliver and close)")
     return sink
+
+
+def check_sink_class(cls: Any, name: str) -> None:
+    """Refuse a class whose protocol methods are missing, not callable or not async, naming them."""
+    problems = []
+    for method in REQUIRED_METHODS:
+        member = getattr(cls, method, None)
+        if member is None:
+            problems.append(f"{method}: missing")
+        elif not callable(member):
+            problems.append(f"{method}: not callable ({type(member).__name__})")
+        elif not inspect.iscoroutinefunction(member):
+            problems.append(f"{method}: not an async method")
+    if problems:
+        raise ConfigError(f"sink {name} does not implement TrainerSink ({'; '.join(problems)}): "
+                          "a TrainerSink needs `async def deliver(self, rollout)` and `async def close(self)`")
+
+
+def _load_class(target: str) -> tuple[Any, str]:
+    spec = BUILTIN_SINKS.get(target, target)
+    module_name, sep, class_name = spec.partition(":")
+    if not sep or not module_name or not class_name or not all(p.isidentifier() for p in module_name.split(".")):
+        raise ConfigError(f"sink {target!r} must be 'module:Class' or one of {sorted(BUILTIN_SINKS)}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"could not load sink {spec!r}: {exc}") from exc
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise ConfigError(f"could not load sink {spec!r}: module {module_name} has no attribute {class_name!r}")
+    return cls, spec

@@ -4,7 +4,8 @@ Imports no framework (checked by ``tests/unit/test_architecture.py``).
 """
 
 from consumers.rebuild.builder import rebuild
-from consumers.rebuild.output import to_json_dict
+from consumers.rebuild.output import to_json_dict, to_json_line
+from consumers.rebuild.projection import assert_prefix_contiguity
 from consumers.rebuild.rules import RebuildRules
 
-__all__ = ["RebuildRules", "rebuild", "to_json_dict"]
+__all__ = ["RebuildRules", "assert_prefix_contiguity", "rebuild", "to_json_dict", "to_json_line"]

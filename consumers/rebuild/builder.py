@@ -1,141 +1,175 @@
 """``rebuild(snapshot, rules) -> RebuiltRollout``: what a trainer may train on, and why (pure).
 
-Deterministic: the same snapshot and rules give the same record, byte for byte.
-Fail closed: every ambiguity ends in quarantine or ``mask_sample: true`` with a
-structured reason; an exception inside the build masks the rollout with the
-error, it never escapes.
+Guarantees:
+- Deterministic: the same snapshot and rules give the same record, byte for
+  byte; the order of calls inside the snapshot does not matter.
+- Linear in tokens: deltas are never materialised per call; one digest over the
+  delivered chain verifies it end to end.
+- Fail closed: every ambiguity ends in quarantine or ``mask_sample: true`` with
+  a structured reason; an exception inside the build masks the rollout with the
+  error, it never escapes.
+
+Masking (``delivery_mode="terminal"``): capture incomplete; late writes (rule);
+no calls; all calls side calls; no generated tokens; no terminal attributable
+(declared call missing/empty/side, ambiguous fork, no allowed method); an
+unresolved parent boundary inside the delivered ancestry; the terminal is an
+unresolved retry; a build error. Other roots, chains, boundaries and retries are
+reported in the metrics, never a reason by themselves. ``delivery_mode="gym"``
+adds NeMo Gym's rules: roots != 1, chains != 1, any unresolved parent or retry.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from collections import Counter
 
-from consumers.rebuild.graph import Graph, Node, build_graph
+from consumers.rebuild.graph import Forest, ancestry, build_forest, chains, resolve_retries
+from consumers.rebuild.links import Node
+from consumers.rebuild.projection import project_response_json
+from consumers.rebuild.report import empty_metrics, metrics
 from consumers.rebuild.rules import RebuildRules
-from consumers.rebuild.trajectory import ChainError, chain_trajectory, project_response
-from schemas.errors import ContractError
-from schemas.records import (
-    CaptureMetrics,
-    MaskReason,
-    RebuiltRollout,
-    Snapshot,
-    TerminalAttribution,
-    Trajectory,
-)
+from consumers.rebuild.sidecalls import classify_side_calls
+from consumers.rebuild.terminal import Attribution, attribute_by_evidence, attribute_by_heuristic
+from consumers.rebuild.trajectory import chain_trajectory
+from schemas.records import CallCaptured, CaptureMetrics, MaskReason, RebuiltRollout, Snapshot, Trajectory
+
+_DEFAULT_RULES = RebuildRules()
 
 
-def rebuild(snapshot: Snapshot, rules: RebuildRules = RebuildRules()) -> RebuiltRollout:
+def rebuild(snapshot: Snapshot, rules: RebuildRules = _DEFAULT_RULES) -> RebuiltRollout:
     """Rebuild one frozen rollout into its token-exact trajectory and mask decision."""
-    reasons: list[MaskReason] = []
-    if snapshot.incomplete:
-        reasons.append(_incomplete_reason(snapshot))
-    if snapshot.late_writes and rules.mask_late_writes:
-        late = [sc.call.model_call_id for sc in snapshot.calls if sc.late]
-        reasons.append(MaskReason(code="late_write", detail=f"{snapshot.late_writes} write(s) after finish", call_ids=late))
+    reasons = _snapshot_reasons(snapshot, rules)
     if not snapshot.calls:
-        reasons.append(MaskReason(code="no_calls", detail="capture contains no token records"))
-        return _record(snapshot, reasons, None, None, _empty_metrics(snapshot, "capture contains no token records"))
+        error = "capture contains no token records"
+        reasons.append(MaskReason(code="no_calls", detail=error))
+        return _record(snapshot, reasons, None, None, empty_metrics(snapshot, error))
+    try:
+        return _rebuild(snapshot, rules, reasons)
+    except Exception as exc:  # fail closed: a bug or a forged snapshot masks one rollout, never the stream
+        error = f"{type(exc).__name__}: {exc}"
+        reasons.append(MaskReason(code="build_error", detail=error))
+        return _record(snapshot, reasons, None, None, empty_metrics(snapshot, error))
 
-    graph = build_graph(snapshot.calls)
-    chain = _delivered_chain(graph)
+
+def _rebuild(snapshot: Snapshot, rules: RebuildRules, reasons: list[MaskReason]) -> RebuiltRollout:
+    first: dict[str, CallCaptured] = {}
+    for sc in sorted(snapshot.calls, key=lambda c: (c.seq, c.call.model_call_id)):
+        first.setdefault(sc.call.model_call_id, sc.call)
+    generating = [c for c in first.values() if c.generation_token_ids]
+    forest = build_forest(snapshot.calls, classify_side_calls(generating, rules))
+
+    if rules.delivery_mode == "gym":
+        unresolved_retries = resolve_retries(forest, set())
+        all_chains = chains(forest)
+        attribution = Attribution(node=all_chains[0][-1], method="earliest_root") if all_chains else Attribution()
+        reasons.extend(_gym_reasons(forest, all_chains, unresolved_retries))
+    else:
+        attribution = attribute_by_evidence(forest, snapshot.finished, rules.terminal_methods)
+        pinned = {id(n) for n in ancestry(attribution.node)} if attribution.node is not None else set()
+        unresolved_retries = resolve_retries(forest, pinned)
+        all_chains = chains(forest)
+        if attribution.node is None and attribution.failure is None and forest.live:
+            if "heuristic" in rules.terminal_methods:
+                heuristic = attribute_by_heuristic(forest, len(all_chains))
+                heuristic.notes = {**attribution.notes, **heuristic.notes}
+                attribution = heuristic
+            else:
+                attribution.failure = "no_terminal"
+                attribution.detail = f"no evidence names the terminal and the allowed methods are {list(rules.terminal_methods)}"
+
+    delivered = ancestry(attribution.node) if attribution.node is not None else None
+    if rules.delivery_mode == "gym" or not forest.live:
+        reasons.extend(_no_policy_reasons(forest))
+    else:
+        reasons.extend(_delivery_reasons(attribution, delivered, unresolved_retries))
     trajectory: Trajectory | None = None
-    response: dict | None = None
+    response: str | None = None
     error: str | None = None
-    if chain is not None:
+    if delivered and not any(n.quarantined for n in delivered):
         try:
-            trajectory = chain_trajectory(chain)
+            trajectory = chain_trajectory(delivered)
             if rules.project_response:
-                response = project_response(chain, snapshot.rollout_id)
-        except (ChainError, ContractError, ValueError, KeyError, TypeError) as exc:
+                response = project_response_json(delivered, snapshot.rollout_id)
+        except Exception as exc:  # ChainError, or a malformed record: the chain is not deliverable
             error = f"{type(exc).__name__}: {exc}"
             trajectory, response = None, None
-    reasons.extend(_graph_reasons(graph, trajectory, error))
-    metrics = _metrics(snapshot, graph, chain, trajectory, error)
-    return _record(snapshot, reasons, trajectory, response, metrics)
+            reasons.append(MaskReason(code="build_error", detail=error, call_ids=[n.call_id for n in delivered]))
+    m = metrics(snapshot, forest, all_chains, delivered, attribution, unresolved_retries, trajectory, error)
+    if error is None and not forest.live:
+        m = _with_error(m, reasons[-1].detail if reasons else None)
+    return _record(snapshot, reasons, trajectory, response, m)
 
 
-def _delivered_chain(graph: Graph) -> list[Node] | None:
-    """The main chain: the one whose root completed first (NeMo Gym's rule)."""
-    if not graph.chains:
-        return None
-    return min(graph.chains, key=lambda c: (c[0].call.created_at, c[0].call_id))
-
-
-def _incomplete_reason(snapshot: Snapshot) -> MaskReason:
-    counts = Counter(m.reason for m in snapshot.incomplete_markers)
-    detail = ", ".join(f"{reason} x{n}" if n > 1 else reason for reason, n in sorted(counts.items()))
-    ids = sorted({m.model_call_id for m in snapshot.incomplete_markers if m.model_call_id})
-    return MaskReason(code="capture_incomplete", detail=detail, call_ids=ids)
-
-
-def _graph_reasons(graph: Graph, trajectory: Trajectory | None, error: str | None) -> list[MaskReason]:
+def _snapshot_reasons(snapshot: Snapshot, rules: RebuildRules) -> list[MaskReason]:
     reasons = []
-    if graph.unresolved_parent_calls:
-        detail = ", ".join(f"{k} x{v}" for k, v in sorted(graph.link_failures.items()) if k != "parent_call_id_missing_recovered")
-        reasons.append(MaskReason(code="unresolved_parent", detail=detail, call_ids=graph.unresolved_parent_calls))
-    if graph.unresolved_retries:
-        reasons.append(
-            MaskReason(code="unresolved_retry", detail="retried call with no continuation: survivor unknown",
-                       call_ids=graph.unresolved_retries)
-        )
-    if len(graph.roots) != 1:
-        reasons.append(MaskReason(code="multiple_roots" if graph.roots else "no_roots", detail=f"roots={len(graph.roots)}",
-                                  call_ids=[n.call_id for n in graph.roots]))
-    if len(graph.chains) > 1:
-        reasons.append(MaskReason(code="multiple_chains", detail=f"chains={len(graph.chains)}",
-                                  call_ids=[c[-1].call_id for c in graph.chains]))
-    if error is not None:
-        reasons.append(MaskReason(code="build_error", detail=error))
-    elif trajectory is None or not trajectory.log_probs:
-        reasons.append(MaskReason(code="no_generated_tokens", detail="no chain with generated tokens"))
+    if snapshot.incomplete:
+        counts = Counter(m.reason for m in snapshot.incomplete_markers)
+        detail = ", ".join(f"{reason} x{n}" if n > 1 else reason for reason, n in sorted(counts.items()))
+        ids = sorted({m.model_call_id for m in snapshot.incomplete_markers if m.model_call_id})
+        reasons.append(MaskReason(code="capture_incomplete", detail=detail, call_ids=ids))
+    if snapshot.late_writes and rules.mask_late_writes:
+        late = sorted({sc.call.model_call_id for sc in snapshot.calls if sc.late})
+        reasons.append(MaskReason(code="late_write", detail=f"{snapshot.late_writes} write(s) after finish", call_ids=late))
     return reasons
 
 
-def _metrics(snapshot: Snapshot, graph: Graph, chain, trajectory, error) -> CaptureMetrics:
-    captured = sum(len(n.generation) for n in graph.nodes)
-    delivered = len(trajectory.log_probs) if trajectory is not None else 0
-    failures = dict(sorted(graph.link_failures.items()))
-    detail = {
-        "quarantined_call_ids": graph.quarantined,
-        "unresolved_parent_call_ids": graph.unresolved_parent_calls,
-        "unresolved_retries": graph.unresolved_retries,
-        "empty_generation_call_ids": graph.empty_generation_calls,
-        "chain_call_ids": [[n.call_id for n in c] for c in graph.chains],
-    }
-    return CaptureMetrics(
-        n_calls=graph.n_calls,
-        roots=len(graph.roots),
-        chains=len(graph.chains),
-        delivered_fraction=round(delivered / captured, 4) if captured else 0.0,
-        quarantined_calls=len(graph.quarantined),
-        quarantined_fraction=round(len(graph.quarantined) / graph.n_calls, 4) if graph.n_calls else 0.0,
-        empty_generation_calls=len(graph.empty_generation_calls),
-        unresolved_parent_calls=len(graph.unresolved_parent_calls),
-        parent_link_failures=failures,
-        generated_tokens_captured=captured,
-        generated_tokens_delivered=delivered,
-        capture_incomplete=snapshot.incomplete,
-        terminal_attribution=TerminalAttribution(
-            chain="main" if chain is not None else None,
-            method="earliest_root" if chain is not None else "none",
-            call_id=chain[-1].call_id if chain is not None else None,
-        ),
-        error=error,
-        detail_json=json.dumps(detail, sort_keys=True, separators=(",", ":")),
-    )
+def _no_policy_reasons(forest: Forest) -> list[MaskReason]:
+    if forest.live:
+        return []
+    if forest.side:
+        return [MaskReason(code="all_side_calls", detail="all captured calls were side calls",
+                           call_ids=[n.call_id for n in forest.side])]
+    return [MaskReason(code="no_generated_tokens", detail="no captured call generated tokens",
+                       call_ids=list(forest.empty))]
 
 
-def _empty_metrics(snapshot: Snapshot, error: str) -> CaptureMetrics:
-    return CaptureMetrics(
-        n_calls=0, roots=0, chains=0, delivered_fraction=0.0, quarantined_calls=0, quarantined_fraction=0.0,
-        empty_generation_calls=0, unresolved_parent_calls=0, parent_link_failures={},
-        generated_tokens_captured=0, generated_tokens_delivered=0, capture_incomplete=snapshot.incomplete,
-        terminal_attribution=TerminalAttribution(), error=error,
-    )
+def _delivery_reasons(
+    attribution: Attribution, delivered: list[Node] | None, unresolved_retries: list[list[str]]
+) -> list[MaskReason]:
+    if attribution.failure is not None:
+        ids = attribution.notes.get("ambiguous_children") or (
+            [attribution.notes["declared_call_id"]] if "declared_call_id" in attribution.notes else [])
+        return [MaskReason(code=attribution.failure, detail=attribution.detail, call_ids=list(ids))]
+    reasons = []
+    assert delivered is not None
+    root, terminal = delivered[0], delivered[-1]
+    if root.boundary is not None:
+        reasons.append(MaskReason(
+            code="unresolved_parent",
+            detail=f"the delivered chain starts at call {root.call_id}, whose parent is unknown ({root.boundary})",
+            call_ids=[root.call_id]))
+    for group in unresolved_retries:
+        if terminal.call_id in group:
+            reasons.append(MaskReason(code="unresolved_retry",
+                                      detail="the terminal call was retried and nothing says which retry was kept",
+                                      call_ids=group))
+    return reasons
 
 
-def _record(snapshot, reasons, trajectory, response, metrics) -> RebuiltRollout:
+def _gym_reasons(forest: Forest, all_chains: list[list[Node]], unresolved_retries: list[list[str]]) -> list[MaskReason]:
+    reasons = []
+    links = forest.links
+    if links.unresolved:
+        detail = ", ".join(f"{k} x{v}" for k, v in sorted(links.failures.items()) if k != "parent_call_id_missing_recovered")
+        reasons.append(MaskReason(code="unresolved_parent", detail=detail, call_ids=links.unresolved))
+    if unresolved_retries:
+        reasons.append(MaskReason(code="unresolved_retry", detail="retried call with no continuation: survivor unknown",
+                                  call_ids=[cid for group in unresolved_retries for cid in group]))
+    if forest.live and len(forest.roots) != 1:
+        reasons.append(MaskReason(code="multiple_roots", detail=f"roots={len(forest.roots)}",
+                                  call_ids=[n.call_id for n in forest.roots]))
+    if len(all_chains) > 1:
+        reasons.append(MaskReason(code="multiple_chains", detail=f"chains={len(all_chains)}",
+                                  call_ids=[c[-1].call_id for c in all_chains]))
+    return reasons
+
+
+def _with_error(m: CaptureMetrics, error: str | None) -> CaptureMetrics:
+    return dataclasses.replace(m, error=error)
+
+
+def _record(snapshot: Snapshot, reasons: list[MaskReason], trajectory: Trajectory | None, response: str | None,
+            metrics_: CaptureMetrics) -> RebuiltRollout:
     return RebuiltRollout(
         rollout_id=snapshot.rollout_id,
         snapshot_id=snapshot.snapshot_id,
@@ -143,7 +177,7 @@ def _record(snapshot, reasons, trajectory, response, metrics) -> RebuiltRollout:
         mask_sample=bool(reasons),
         mask_reasons=reasons,
         trajectory=trajectory,
-        response_json=json.dumps(response, separators=(",", ":")) if response is not None else None,
+        response_json=response,
         result_json=snapshot.finished.result_json,
-        metrics=metrics,
+        metrics=metrics_,
     )

@@ -1,170 +1,93 @@
-"""The call graph of a snapshot: links, boundaries, empty generations, retries, chains (pure).
+"""The policy forest of a snapshot: retries and chains over linked nodes (pure).
 
-Works on the processor's verified lineage: a RESOLVED call stores its prompt as
-a delta against its parent, so a call's cumulative tokens are the path of
-deltas from its root and are never materialised per call (the whole build is
-linear in tokens, not calls × tokens).
+``build_forest`` links the calls (``consumers.rebuild.links``) and keeps the
+policy's nodes: calls with generated tokens that are not side calls. On that
+forest:
 
-Rules (NeMo Gym's builder, adapted to verified deltas):
-- dedupe by call id; a conflicting duplicate counts as ``duplicate_call_id_conflict``;
-- empty generations are excluded and never parents: a child of an empty call is
-  relinked to the empty call's parent by concatenating the deltas (exact, so
-  this is the recovery Gym does with a prefix trie: ``parent_call_id_missing_recovered``);
-- UNRESOLVED calls, and calls whose link failed verification, start a boundary
-  fragment (counted in ``parent_link_failures`` and ``unresolved_parent_calls``);
-- retry siblings (same parent, same new prompt tokens): the extended ones
-  survive; if none is extended the smallest id survives and the group is an
-  unresolved retry; the others are quarantined with their subtrees;
-- chains are root-to-leaf paths over non-quarantined nodes, walked iteratively.
+- retry siblings (same parent, same new prompt tokens; all roots with the same
+  prompt form one group) are resolved deepest group first: siblings that are
+  *pinned* (on the attributed terminal's ancestry) or *extended* (have a
+  non-quarantined child) survive; if none does, the smallest call id survives
+  and the whole group is an unresolved retry; the rest are quarantined with
+  their subtrees. Quarantine never deletes evidence (the ids are reported);
+- chains are root-to-leaf paths over non-quarantined nodes, walked iteratively
+  (a 1,100-call chain does not recurse), children in ``(created_at, call id)``
+  order, so the enumeration is independent of capture order.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from schemas.records import CallCaptured, ParentResolution, SnapshotCall
-
-RECOVERED = "parent_call_id_missing_recovered"
-
-
-@dataclass(slots=True, eq=False)
-class Node:
-    call: CallCaptured
-    seq: int
-    late: bool
-    note: str
-    delta: list[int]  # prompt tokens new relative to the parent (the full prompt for a fragment start)
-    parent: Node | None = None
-    children: list[Node] = field(default_factory=list)
-    quarantined: bool = False
-
-    @property
-    def call_id(self) -> str:
-        return self.call.model_call_id
-
-    @property
-    def generation(self) -> list[int]:
-        return self.call.generation_token_ids
+from consumers.rebuild.links import Links, Node, link_calls
+from consumers.rebuild.sidecalls import SideCall
+from schemas.records import SnapshotCall
 
 
 @dataclass(slots=True)
-class Graph:
-    nodes: list[Node]
+class Forest:
+    links: Links
+    live: list[Node]  # policy nodes (generated tokens, not side calls), (created_at, call id) order
     roots: list[Node]
-    chains: list[list[Node]]
-    n_calls: int
-    empty_generation_calls: list[str]
-    link_failures: Counter[str]
-    unresolved_parent_calls: list[str]
-    quarantined: list[str]
-    unresolved_retries: list[str]
-    duplicate_conflicts: list[str]
+    empty: list[str]  # call ids with no generated tokens
+    side: list[Node]  # side calls
+
+    @property
+    def n_calls(self) -> int:
+        return len(self.links.nodes)
 
 
-_BOUNDARY_NOTES = ("delta_parent_missing", "delta_parent_mismatch", "parent_digest_mismatch", "ambiguous")
-
-
-def build_graph(calls: list[SnapshotCall]) -> Graph:
-    """Link the snapshot's calls into a forest and enumerate its chains."""
-    by_id: dict[str, SnapshotCall] = {}
-    conflicts: list[str] = []
-    for sc in sorted(calls, key=lambda c: c.seq):
-        first = by_id.get(sc.call.model_call_id)
-        if first is None:
-            by_id[sc.call.model_call_id] = sc
-        elif first.call != sc.call:
-            conflicts.append(sc.call.model_call_id)
-    failures: Counter[str] = Counter()
-    unresolved: list[str] = []
-    nodes = {cid: Node(sc.call, sc.seq, sc.late, sc.lineage_note, sc.call.prompt_token_ids) for cid, sc in by_id.items()}
-    for cid in conflicts:
-        failures["duplicate_call_id_conflict"] += 1
-        unresolved.append(cid)
-    empty = [n.call_id for n in nodes.values() if not n.generation]
-
-    for node in nodes.values():
-        call = node.call
-        if call.parent_resolution is ParentResolution.UNRESOLVED:
-            failures["parent_unresolved"] += 1
-            unresolved.append(node.call_id)
-            continue
-        if call.parent_resolution is ParentResolution.ROOT:
-            continue
-        failed = next((b for b in _BOUNDARY_NOTES if node.note.startswith(b)), None)
-        parent = nodes.get(call.parent_call_id or "")
-        if failed or parent is None:
-            reason = "delta_chain_unreconstructable" if call.prompt_is_delta else (failed or "parent_call_id_missing")
-            failures[reason] += 1
-            unresolved.append(node.call_id)
-            node.delta = []  # an unreconstructable delta has no usable prompt
-            node.quarantined = call.prompt_is_delta
-            continue
-        node.parent = parent
-
-    if _has_cycle(nodes.values()):
-        for node in nodes.values():
-            node.parent = None
-        failures["lineage_cycle"] += 1
-        unresolved.extend(nodes)
-
-    _splice_out_empty(nodes, failures)
-    live = [n for n in nodes.values() if n.generation]
+def build_forest(calls: list[SnapshotCall], side: dict[str, SideCall]) -> Forest:
+    """Link the calls and keep the policy forest (children lists, roots)."""
+    links = link_calls(calls, side)
+    live, empty, side_nodes = [], [], []
+    # (created_at, call id) order everywhere: the result must not depend on capture order.
+    for node in sorted(links.nodes.values(), key=lambda n: n.order_key):
+        if not node.generation:
+            empty.append(node.call_id)
+        elif node.side is not None:
+            side_nodes.append(node)
+        else:
+            live.append(node)
     for node in live:
         if node.parent is not None:
             node.parent.children.append(node)
+    for node in live:
+        node.children.sort(key=lambda n: n.order_key)
+    for node in live:
+        if node.quarantined and node.parent is None:
+            _quarantine_subtree(node)  # an unreconstructable prompt: its descendants cannot be rebuilt either
     roots = [n for n in live if n.parent is None]
-    retries = _quarantine_retries(live, roots)
-    chains = _chains(roots)
-    return Graph(
-        nodes=live,
-        roots=roots,
-        chains=chains,
-        n_calls=len(by_id),
-        empty_generation_calls=empty,
-        link_failures=failures,
-        unresolved_parent_calls=sorted(set(unresolved)),
-        quarantined=sorted(n.call_id for n in live if n.quarantined),
-        unresolved_retries=retries,
-        duplicate_conflicts=conflicts,
-    )
+    return Forest(links=links, live=live, roots=roots, empty=empty, side=side_nodes)
 
 
-def _has_cycle(nodes) -> bool:
-    state: dict[int, int] = {}  # id(node) -> 1 visiting, 2 done
-    for start in nodes:
-        path = []
-        node = start
-        while node is not None and state.get(id(node)) != 2:
-            if state.get(id(node)) == 1:
-                return True
-            state[id(node)] = 1
-            path.append(node)
-            node = node.parent
-        for n in path:
-            state[id(n)] = 2
-    return False
+def resolve_retries(forest: Forest, pinned: set[int]) -> list[list[str]]:
+    """Quarantine abandoned retry siblings; return the unresolved retry groups (sorted call ids).
+
+    ``pinned`` holds ``id(node)`` of nodes that must survive (the declared or
+    content-attributed terminal and its ancestors).
+    """
+    depth = _depths(forest.live)
+    groups: dict[tuple, list[Node]] = {}
+    for node in forest.live:
+        groups.setdefault((id(node.parent), tuple(node.delta)), []).append(node)
+    retried = [g for g in groups.values() if len(g) > 1]
+    retried.sort(key=lambda g: (-depth[id(g[0])], min(n.call_id for n in g)))
+    unresolved: list[list[str]] = []
+    for siblings in retried:
+        keep = [n for n in siblings if id(n) in pinned or any(not c.quarantined for c in n.children)]
+        if not keep:
+            keep = [min(siblings, key=lambda n: n.call_id)]
+            unresolved.append(sorted(n.call_id for n in siblings))
+        for node in siblings:
+            if node not in keep:
+                _quarantine_subtree(node)
+    return unresolved
 
 
-def _splice_out_empty(nodes: dict[str, Node], failures: Counter[str]) -> None:
-    """Relink children of empty-generation calls to the nearest non-empty ancestor."""
-    for node in nodes.values():
-        parent = node.parent
-        if parent is None or parent.generation:
-            continue
-        prefix: list[int] = []
-        while parent is not None and not parent.generation:
-            prefix = parent.delta + prefix
-            parent = parent.parent
-        node.delta = prefix + node.delta
-        node.parent = parent
-        failures[RECOVERED] += 1
-
-
-def _quarantine_retries(live: list[Node], roots: list[Node]) -> list[str]:
-    """Quarantine abandoned retry siblings, deepest groups first; return unresolved retries."""
+def _depths(live: list[Node]) -> dict[int, int]:
     depth: dict[int, int] = {}
-    for node in live:  # iterative depth: walk up until a known depth
+    for node in live:  # iterative: walk up to a known depth, then assign down
         path, cur = [], node
         while cur is not None and id(cur) not in depth:
             path.append(cur)
@@ -173,20 +96,7 @@ def _quarantine_retries(live: list[Node], roots: list[Node]) -> list[str]:
         for n in reversed(path):
             base += 1
             depth[id(n)] = base
-    groups: dict[tuple, list[Node]] = {}
-    for node in live:
-        groups.setdefault((id(node.parent), tuple(node.delta)), []).append(node)
-    unresolved: list[str] = []
-    for key in sorted((k for k, g in groups.items() if len(g) > 1), key=lambda k: -depth[id(groups[k][0])]):
-        siblings = groups[key]
-        extended = [n for n in siblings if any(not c.quarantined for c in n.children)]
-        keep = extended or [min(siblings, key=lambda n: n.call_id)]
-        if not extended:
-            unresolved.extend(sorted(n.call_id for n in siblings))
-        for node in siblings:
-            if node not in keep:
-                _quarantine_subtree(node)
-    return unresolved
+    return depth
 
 
 def _quarantine_subtree(node: Node) -> None:
@@ -197,21 +107,36 @@ def _quarantine_subtree(node: Node) -> None:
         stack.extend(n.children)
 
 
-def _chains(roots: list[Node]) -> list[list[Node]]:
-    """Root-to-leaf paths over non-quarantined nodes (iterative: a 1,100-call chain is fine)."""
-    chains: list[list[Node]] = []
-    for root in roots:
+def chains(forest: Forest) -> list[list[Node]]:
+    """Root-to-leaf paths over non-quarantined nodes, in a deterministic order."""
+    out: list[list[Node]] = []
+    for root in forest.roots:
         if root.quarantined:
             continue
         stack: list[tuple[Node, int]] = [(root, 0)]
         path: list[Node] = []
         while stack:
-            node, depth = stack.pop()
-            del path[depth:]
+            node, at = stack.pop()
+            del path[at:]
             path.append(node)
             kids = [c for c in node.children if not c.quarantined]
             if not kids:
-                chains.append(list(path))
-            for child in sorted(kids, key=lambda c: (c.call.created_at, c.call_id), reverse=True):
-                stack.append((child, depth + 1))
-    return chains
+                out.append(list(path))
+            for child in reversed(kids):
+                stack.append((child, at + 1))
+    return out
+
+
+def ancestry(node: Node) -> list[Node]:
+    """Root-to-``node`` path (iterative)."""
+    path = []
+    cur: Node | None = node
+    while cur is not None:
+        path.append(cur)
+        cur = cur.parent
+    path.reverse()
+    return path
+
+
+def live_children(node: Node) -> list[Node]:
+    return [c for c in node.children if not c.quarantined]

@@ -1,4 +1,10 @@
-"""The JSON form of a rebuilt rollout (one object per rollout; what the JSONL sink writes)."""
+"""The JSON form of a rebuilt rollout (one object per rollout; what the JSONL sink writes).
+
+``{rollout_id, snapshot_id, version, mask_sample, mask_reasons, trajectory,
+response, result, _ng_token_capture}``. ``mask_sample`` is always present (a
+trainer never has to infer health from a missing key). ``_ng_token_capture``
+holds the metrics and, merged in, the lists of ``detail_json``.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +13,31 @@ from typing import Any
 
 from schemas.records import RebuiltRollout
 
+_RESPONSE_SLOT = '"response":null'
+
 
 def to_json_dict(rollout: RebuiltRollout, *, include_response: bool = True) -> dict[str, Any]:
-    """``{rollout_id, snapshot_id, version, mask_sample, mask_reasons, trajectory, response, result,
-    _ng_token_capture}``; ``mask_sample`` is always present."""
+    """The record as a JSON-ready dict (parses the projection; see ``to_json_line`` for the fast path)."""
+    out = _skeleton(rollout)
+    if include_response and rollout.response_json:
+        out["response"] = json.loads(rollout.response_json)
+    return out
+
+
+def to_json_line(rollout: RebuiltRollout, *, include_response: bool = True) -> bytes:
+    """The record as one compact JSON line (with the trailing newline), byte-deterministic.
+
+    The projection is spliced in as the text it already is, never parsed and
+    re-serialised (it is calls x tokens).
+    """
+    text = json.dumps(_skeleton(rollout), separators=(",", ":"), ensure_ascii=False)
+    if include_response and rollout.response_json:
+        # The first occurrence is the key itself: no earlier value can contain an unescaped quote.
+        text = text.replace(_RESPONSE_SLOT, '"response":' + rollout.response_json, 1)
+    return text.encode() + b"\n"
+
+
+def _skeleton(rollout: RebuiltRollout) -> dict[str, Any]:
     m = rollout.metrics
     traj = rollout.trajectory
     return {
@@ -37,7 +64,7 @@ def to_json_dict(rollout: RebuiltRollout, *, include_response: bool = True) -> d
                 for s in traj.spans
             ],
         },
-        "response": json.loads(rollout.response_json) if include_response and rollout.response_json else None,
+        "response": None,
         "result": json.loads(rollout.result_json),
         "_ng_token_capture": {
             "n_calls": m.n_calls,

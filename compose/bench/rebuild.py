@@ -1,0 +1,171 @@
+"""Rebuild time for rollouts of 10-200 calls and 8k-128k tokens, compact trajectory and with projection.
+
+Each rollout is one tool-using conversation folded by the real processor fold
+(``processors.fold``), so the snapshot holds what production holds: verified
+delta prompts. The benchmark times ``rebuild(snapshot, rules)`` only (the
+snapshot is decoded beforehand; its decode time is printed apart), the median
+of ``--repeat`` runs, and prints ns per token so linear growth shows as a flat
+column. Budget (ARCHITECTURE §8): 200 calls / 128k tokens to the compact
+trajectory in at most 50 ms. ``--gym-src`` (a checkout of NVIDIA-NeMo/Gym, never
+vendored here) also times NeMo Gym's builder with its projection on the same
+rollouts, in the same process, and prints the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any
+
+BUDGET_MS = 50.0
+DEFAULT_CALLS = (10, 50, 100, 200)
+DEFAULT_TOKENS = (8_192, 32_768, 131_072)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--calls", type=int, nargs="+", default=list(DEFAULT_CALLS))
+    parser.add_argument("--tokens", type=int, nargs="+", default=list(DEFAULT_TOKENS))
+    parser.add_argument("--repeat", type=int, default=7, help="runs per measurement (median reported)")
+    parser.add_argument("--gym-src", help="path of a NeMo Gym checkout: also time its builder + projection")
+
+
+def synth_snapshot(n_calls: int, n_tokens: int, rollout_id: str = "bench") -> Any:
+    """A folded snapshot: ``n_calls`` chained calls whose final sequence is ``n_tokens`` long."""
+    from processors.fold import apply_writes, fold
+    from schemas.hashing import compute_digest
+    from schemas.records import CallCaptured, CallFacts, ParentResolution, RolloutEvent, RolloutFinished
+
+    gen = max(1, (n_tokens * 3 // 10) // n_calls)
+    first = max(1, n_tokens // 10)
+    delta = max(0, (n_tokens - first - gen * n_calls) // max(1, n_calls - 1))
+    state: dict = {}
+    cumulative: list[int] = []
+    parent: CallCaptured | None = None
+    for i in range(n_calls):
+        new_prompt = [(31 * (len(cumulative) + k)) % 150_000 for k in range(first if i == 0 else delta)]
+        if i == n_calls - 1:  # land exactly on n_tokens
+            new_prompt += [7] * max(0, n_tokens - len(cumulative) - len(new_prompt) - gen)
+        prompt = cumulative + new_prompt
+        generation = [(17 * (len(prompt) + k)) % 150_000 for k in range(gen)]
+        full = prompt + generation
+        call = CallCaptured(
+            model_call_id=f"{i:032x}", created_at=1_700_000_000.0 + i, prompt_token_ids=new_prompt if parent else prompt,
+            prompt_is_delta=parent is not None, generation_token_ids=generation,
+            generation_log_probs=[-0.001 * ((k % 97) + 1) for k in range(gen)],
+            output_items_json='[{"type":"message","role":"assistant","content":[{"type":"output_text","text":"ok"}]},'
+                              '{"type":"function_call","call_id":"t","name":"tool","arguments":"{}"}]',
+            token_item_index=0, parent_call_id=parent.model_call_id if parent else None,
+            parent_resolution=ParentResolution.RESOLVED if parent else ParentResolution.ROOT,
+            parent_digest=parent.digest if parent else "", cum_len=len(full), digest=compute_digest(full),
+            facts=CallFacts(route="/v1/chat/completions", requested_model="policy", tools_present=True),
+        )
+        event = RolloutEvent(event_id=f"e{i}", rollout_id=rollout_id, emitted_at=i, source="bench", body=call)
+        apply_writes(state, fold(state, event))
+        cumulative, parent = full, call
+    done = RolloutEvent(event_id="fin", rollout_id=rollout_id, emitted_at=n_calls, source="bench",
+                        body=RolloutFinished(result_json='{"reward": 1.0}'))
+    return fold(state, done).snapshots[-1]
+
+
+def _median_ms(fn, repeat: int) -> float:
+    fn()  # warm up: the first run pays for page faults of a fresh heap
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def main(args: argparse.Namespace) -> int:
+    from consumers.rebuild import RebuildRules, rebuild
+    from schemas.codec import decode_snapshot, encode_snapshot
+
+    gym = _load_gym(args.gym_src) if args.gym_src else None
+    compact, projected = RebuildRules(project_response=False), RebuildRules()
+    header = (f"{'calls':>5} {'tokens':>7} {'decode ms':>9} {'compact ms':>10} {'ns/token':>8} "
+              f"{'+projection ms':>14} {'ns/token':>8}")
+    if gym:
+        header += f" {'gym ms':>8} {'gym/+proj':>9} {'gym/compact':>11}"
+    print(header)
+    worst = None
+    for n_calls in args.calls:
+        for n_tokens in args.tokens:
+            snapshot = synth_snapshot(n_calls, n_tokens)
+            blob = encode_snapshot(snapshot)
+            decode_ms = _median_ms(lambda: decode_snapshot(blob), args.repeat)
+            out = rebuild(snapshot, compact)
+            if out.mask_sample or len(out.trajectory.token_ids) != n_tokens:
+                print(f"benchmark input is wrong: {out.mask_reasons}", file=sys.stderr)
+                return 1
+            c_ms = _median_ms(lambda: rebuild(snapshot, compact), args.repeat)
+            p_ms = _median_ms(lambda: rebuild(snapshot, projected), args.repeat)
+            line = (f"{n_calls:>5} {n_tokens:>7} {decode_ms:>9.2f} {c_ms:>10.2f} {c_ms * 1e6 / n_tokens:>8.0f} "
+                    f"{p_ms:>14.2f} {p_ms * 1e6 / n_tokens:>8.0f}")
+            if gym:
+                g_ms = _median_ms(gym(snapshot), max(1, args.repeat // 3))
+                line += f" {g_ms:>8.1f} {g_ms / p_ms:>8.1f}x {g_ms / c_ms:>10.0f}x"
+            print(line, flush=True)
+            if n_calls == max(args.calls) and n_tokens == max(args.tokens):
+                worst = c_ms
+    if worst is not None:
+        print(f"budget: {max(args.calls)} calls / {max(args.tokens)} tokens to the compact trajectory "
+              f"{worst:.2f} ms of {BUDGET_MS:.0f} ms ({worst / BUDGET_MS:.0%} of budget)")
+    return 0
+
+
+def _load_gym(path: str):
+    """A factory of timed closures running NeMo Gym's builder + projection + contiguity check on a snapshot.
+
+    Loads ``nemo_gym/token_id_capture/{records,builder}.py`` from a checkout at
+    ``path`` on their own (Gym's package ``__init__`` pulls in its server stack).
+    Gym reads full-prompt entries from its store; building them is not timed.
+    """
+    import importlib.util
+    import types
+    from pathlib import Path
+
+    base = Path(path) / "nemo_gym" / "token_id_capture"
+    for name in ("nemo_gym", "nemo_gym.token_id_capture"):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = []  # type: ignore[attr-defined]
+            sys.modules[name] = package
+
+    def load(name: str) -> Any:
+        spec = importlib.util.spec_from_file_location(f"nemo_gym.token_id_capture.{name}", base / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        sys.modules[spec.name] = module  # type: ignore[union-attr]
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        return module
+
+    records, builder = load("records"), load("builder")
+
+    def prepare(snapshot: Any):
+        entries, cumulative = [], {}
+        for sc in snapshot.calls:
+            call = sc.call
+            base_ids = cumulative.get(call.parent_call_id, []) if call.prompt_is_delta else []
+            prompt = base_ids + call.prompt_token_ids
+            cumulative[call.model_call_id] = prompt + call.generation_token_ids
+            entries.append(records.TokenEntry(
+                rollout_id=snapshot.rollout_id, model_call_id=call.model_call_id, model="policy",
+                prompt_token_ids=prompt, generation_token_ids=call.generation_token_ids,
+                generation_log_probs=call.generation_log_probs, output_items=call.output_items,
+                token_item_index=call.token_item_index, created_at=call.created_at,
+                parent_call_id=call.parent_call_id, cum_len=call.cum_len, digest=call.digest,
+                parent_resolution=call.parent_resolution.value.lower(),
+            ))
+
+        def run() -> None:
+            out = builder.run_builder(entries)
+            response = builder.project_main_chain_response(snapshot.rollout_id, out)
+            builder.assert_prefix_contiguity(response)
+            if out.notes.chains != 1:
+                raise RuntimeError(f"NeMo Gym's builder saw {out.notes.chains} chains")
+
+        return run
+
+    return prepare

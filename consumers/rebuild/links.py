@@ -1,0 +1,260 @@
+"""Linking a snapshot's calls into a forest of verified deltas (pure).
+
+Works on the processor's verified lineage: a RESOLVED call stores its prompt as
+a delta against its parent, so a call's cumulative tokens are the path of
+deltas from its root and are never materialised per call (linear in tokens,
+not calls x tokens). Every link is re-verified here, never trusted:
+
+- a delta link: the parent's digest is the ``parent_digest`` the delta refers
+  to and the lengths add up (O(1)); the delivered chain's full digest is checked
+  once when the trajectory is built;
+- a full-prompt link (snapshots not written by our fold): the digest of the
+  child's prompt prefix equals the parent's digest.
+
+A link that fails, an UNRESOLVED call, or a processor note that says the claim
+failed, starts a *boundary* fragment (``parent_link_failures``,
+``unresolved_parent_calls``). Recovery happens only where the snapshot lacks the
+parent (``parent_call_id_missing_recovered``, never a guess):
+
+- the parent is an empty generation or a side call: it is spliced out, its
+  delta prepended to the child's (exact, Gym's prefix-trie recovery);
+- the parent is absent: a delta child is linked to the unique call whose
+  cumulative digest is the child's ``parent_digest``; a full-prompt child to the
+  call with the longest cumulative that is a digest-verified prefix of its
+  prompt (one hash per distinct candidate length). Identical cumulative tokens
+  are interchangeable and collapse to the smallest call id.
+
+UNRESOLVED and ROOT calls never use recovery: the capture decided they start a
+new conversation.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from consumers.rebuild.sidecalls import SideCall
+from schemas.hashing import compute_digest
+from schemas.records import CallCaptured, ParentResolution, SnapshotCall
+
+RECOVERED = "parent_call_id_missing_recovered"
+
+
+@dataclass(slots=True, eq=False)
+class Node:
+    call: CallCaptured
+    seq: int
+    late: bool
+    note: str
+    delta: list[int]  # prompt tokens new relative to the parent (the full prompt for a root)
+    parent: Node | None = None
+    children: list[Node] = field(default_factory=list)
+    quarantined: bool = False
+    boundary: str | None = None  # why this node starts a fragment (None: a clean ROOT or a linked node)
+    side: SideCall | None = None
+
+    @property
+    def call_id(self) -> str:
+        return self.call.model_call_id
+
+    @property
+    def generation(self) -> list[int]:
+        return self.call.generation_token_ids
+
+    @property
+    def order_key(self) -> tuple[float, str]:
+        return (self.call.created_at, self.call_id)
+
+
+@dataclass(slots=True)
+class Links:
+    nodes: dict[str, Node]  # every unique call, by id, in seq order
+    conflicts: list[str]
+    failures: Counter[str]
+    unresolved: list[str]  # calls that start a boundary fragment
+    recovered: list[str]
+    spliced_side_parents: list[str]
+
+
+def link_calls(calls: list[SnapshotCall], side: dict[str, SideCall]) -> Links:
+    """Deduplicate, link, verify and recover; then splice out empty generations and side calls."""
+    by_id: dict[str, SnapshotCall] = {}
+    conflicts: list[str] = []
+    for sc in sorted(calls, key=lambda c: (c.seq, c.call.model_call_id)):
+        first = by_id.get(sc.call.model_call_id)
+        if first is None:
+            by_id[sc.call.model_call_id] = sc
+        elif first.call != sc.call:
+            conflicts.append(sc.call.model_call_id)
+    nodes = {
+        cid: Node(sc.call, sc.seq, sc.late, sc.lineage_note, sc.call.prompt_token_ids, side=side.get(cid))
+        for cid, sc in by_id.items()
+    }
+    links = Links(nodes, sorted(set(conflicts)), Counter(), [], [], [])
+    for cid in links.conflicts:
+        links.failures["duplicate_call_id_conflict"] += 1
+        links.unresolved.append(cid)
+    index = _Index(nodes)
+    for node in nodes.values():
+        _link(node, nodes, index, links)
+    if _break_cycles(nodes.values(), links):
+        links.failures["lineage_cycle"] += 1
+    _splice(nodes, links)
+    links.unresolved = sorted(set(links.unresolved))
+    return links
+
+
+def _boundary(node: Node, links: Links, reason: str) -> None:
+    node.boundary = reason
+    links.failures[reason] += 1
+    links.unresolved.append(node.call_id)
+
+
+def _link(node: Node, nodes: dict[str, Node], index: _Index, links: Links) -> None:
+    call = node.call
+    if call.parent_resolution is ParentResolution.ROOT:
+        return
+    if call.parent_resolution is ParentResolution.UNRESOLVED:
+        # The processor turns a claim that failed verification into UNRESOLVED; say which.
+        failed = node.note.startswith("parent_digest_mismatch")
+        _boundary(node, links, "parent_digest_mismatch" if failed else "parent_unresolved")
+        return
+    if node.note.startswith("delta_parent_mismatch"):
+        _fail(node, links, "delta_chain_unreconstructable")
+        return
+    # A "delta_parent_missing" note only says the parent was not folded yet when the
+    # child was: look it up now, and verify the link here either way.
+    parent = nodes.get(call.parent_call_id or "")
+    if parent is None:
+        parent = index.recover(node)
+        if parent is None:
+            _fail(node, links, "delta_chain_unreconstructable" if call.prompt_is_delta else "parent_call_id_missing")
+            return
+        links.failures[RECOVERED] += 1
+        links.recovered.append(node.call_id)
+    if call.prompt_is_delta:
+        expected = parent.call.cum_len + len(call.prompt_token_ids) + len(call.generation_token_ids)
+        if parent.call.digest != call.parent_digest or expected != call.cum_len:
+            _fail(node, links, "delta_chain_unreconstructable")
+            return
+    else:
+        cut = parent.call.cum_len
+        prompt = call.prompt_token_ids
+        if cut > len(prompt) or compute_digest(prompt[:cut]) != parent.call.digest:
+            _fail(node, links, "parent_digest_mismatch")
+            return
+        node.delta = prompt[cut:]
+    node.parent = parent
+
+
+def _fail(node: Node, links: Links, reason: str) -> None:
+    _boundary(node, links, reason)
+    if node.call.prompt_is_delta:
+        # A delta against an unknown or unverified parent has no usable prompt.
+        node.delta = []
+        node.quarantined = True
+
+
+class _Index:
+    """Recovery lookups over the snapshot's cumulative digests (built on first use)."""
+
+    def __init__(self, nodes: dict[str, Node]) -> None:
+        self._nodes = nodes
+        self._by_digest: dict[str, list[Node]] | None = None
+
+    def _digests(self) -> dict[str, list[Node]]:
+        if self._by_digest is None:
+            self._by_digest = {}
+            for node in self._nodes.values():
+                self._by_digest.setdefault(node.call.digest, []).append(node)
+        return self._by_digest
+
+    def recover(self, node: Node) -> Node | None:
+        call = node.call
+        by_digest = self._digests()
+        if call.prompt_is_delta:
+            parent_len = call.cum_len - len(call.prompt_token_ids) - len(call.generation_token_ids)
+            found = [n for n in by_digest.get(call.parent_digest, ()) if n is not node and n.call.cum_len == parent_len]
+            return min(found, key=lambda n: n.call_id) if found else None
+        prompt = call.prompt_token_ids
+        by_length: dict[int, list[Node]] = {}
+        for other in self._nodes.values():
+            if other is not node and other.call.cum_len <= len(prompt):
+                by_length.setdefault(other.call.cum_len, []).append(other)
+        for length in sorted(by_length, reverse=True):
+            # Cheap filter first: a prefix parent's generation ends the prefix.
+            plausible = [n for n in by_length[length] if _ends_with(prompt, length, n.generation)]
+            if not plausible:
+                continue
+            digest = compute_digest(prompt[:length])
+            found = [n for n in plausible if n.call.digest == digest]
+            if found:
+                return min(found, key=lambda n: n.call_id)
+        return None
+
+
+def _ends_with(prompt: list[int], length: int, tail: list[int]) -> bool:
+    return not tail or (len(tail) <= length and prompt[length - len(tail) : length] == tail)
+
+
+def _break_cycles(nodes, links: Links) -> bool:
+    """Cut every cycle (possible only in forged snapshots); its members become boundaries."""
+    state: dict[int, int] = {}  # id(node) -> 1 on the current walk, 2 finished
+    found = False
+    for start in nodes:
+        path: list[Node] = []
+        node = start
+        while node is not None and state.get(id(node)) != 2:
+            if state.get(id(node)) == 1:
+                cycle = path[path.index(node):]
+                for member in cycle:
+                    member.parent = None
+                    member.boundary = "lineage_cycle"
+                    links.unresolved.append(member.call_id)
+                    if member.call.prompt_is_delta:
+                        member.delta, member.quarantined = [], True
+                found = True
+                break
+            state[id(node)] = 1
+            path.append(node)
+            node = node.parent
+        for n in path:
+            state[id(n)] = 2
+    return found
+
+
+def _splice(nodes: dict[str, Node], links: Links) -> None:
+    """Relink children of empty-generation and side calls to their nearest kept ancestor.
+
+    The spliced call's delta and generation become the child's prompt (mask 0):
+    an empty call generated nothing, and a side call's output is not the
+    policy's. A child spliced onto no ancestor inherits the boundary of the
+    fragment it came from.
+    """
+    for node in nodes.values():
+        parent = node.parent
+        if parent is None or _kept(parent):
+            continue
+        prefix: list[int] = []
+        through_side = False
+        boundary = None
+        while parent is not None and not _kept(parent):
+            prefix = parent.delta + parent.generation + prefix
+            through_side = through_side or parent.side is not None
+            boundary = parent.boundary
+            parent = parent.parent
+        node.delta = prefix + node.delta
+        node.parent = parent
+        if parent is None and boundary is not None:
+            node.boundary = boundary
+        if not _kept(node):
+            continue
+        if through_side:
+            links.spliced_side_parents.append(node.call_id)
+        else:
+            links.failures[RECOVERED] += 1
+            links.recovered.append(node.call_id)
+
+
+def _kept(node: Node) -> bool:
+    return bool(node.generation) and node.side is None
