@@ -20,7 +20,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     for name in _benchmarks():
         module = importlib.import_module(f"compose.bench.{name}")
-        sp = sub.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0])
+        summary = (module.__doc__ or "").strip().splitlines()[0]
+        sp = sub.add_parser(name, help=summary.replace("%", "%%"))  # argparse formats help strings
         module.configure(sp)
         sp.set_defaults(_bench_module=module)
 
