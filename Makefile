@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install jars demo test test-unit test-integration bench clean
+.PHONY: install jars demo why test test-unit test-integration bench clean
 
 install: $(VENV)/.installed
 
@@ -19,6 +19,10 @@ jars: install
 
 demo: install jars
 	$(BIN)/tokentrail demo
+
+# Why was the demo's broken rollout masked? Replays it from the demo's kept Kafka log.
+why: install
+	$(BIN)/tokentrail replay --last-demo
 
 # Unit and integration tests; integration tests run on a real broker (KAFKA_BOOTSTRAP,
 # else testcontainers, else the jar broker this session starts from .kafka/libs).

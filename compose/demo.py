@@ -11,10 +11,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shutil
 import tempfile
 import time
 from pathlib import Path
+
+# The demo's broker keeps its log after the demo (stopped, not deleted), so that
+# `tokentrail replay --last-demo` can explain the demo's rollouts afterwards.
+DEMO_DIR = Path(".tokentrail/demo")
+LAST_RUN = DEMO_DIR / "last-run.json"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +40,8 @@ def main(args: argparse.Namespace) -> int:
         bootstrap = args.bootstrap
         if bootstrap is None:
             ensure_jars()
-            started_broker = run_dir / "kafka"
+            started_broker = (DEMO_DIR / "kafka").resolve()
+            stop_broker(started_broker)  # a fresh log for every demo
             info = start_broker(started_broker)
             bootstrap = info.bootstrap
             print(f"kafka     {bootstrap} (Apache Kafka {info.kafka_version}, pid {info.pid})")
@@ -45,13 +52,18 @@ def main(args: argparse.Namespace) -> int:
             ids = asyncio.run(_run_rollouts(stack, args.rollouts, tag))
             records = stack.wait_rollouts(ids, timeout=120)
             _print_table([records[i] for i in ids])
+            masked = [i for i in ids if records[i]["mask_sample"]]
+            if started_broker is not None:
+                LAST_RUN.write_text(json.dumps({"kafka_dir": str(started_broker), "topic_prefix": stack.topic_prefix,
+                                                "rollouts": ids, "masked": masked}))
+                print("\nwhy were rollouts masked? run: make why   (tokentrail replay --last-demo)")
             print(f"\nrebuilt rollouts: {stack.rollouts_path}" if args.keep else "")
     except (BrokerError, StackError) as exc:
         print(f"tokentrail demo: {exc}")
         return 1
     finally:
         if started_broker is not None:
-            stop_broker(started_broker)
+            stop_broker(started_broker, keep_data=True)
         if not args.keep:
             shutil.rmtree(run_dir, ignore_errors=True)
     return 0

@@ -392,9 +392,12 @@ def _wait_ready(bootstrap: str, pid: int, timeout: float) -> bool:
     return False
 
 
-def stop_broker(state_dir: Path | str | None = None, *, timeout: float = STOP_TIMEOUT_S) -> bool:
+def stop_broker(state_dir: Path | str | None = None, *, timeout: float = STOP_TIMEOUT_S,
+                keep_data: bool = False) -> bool:
     """Stop the broker of ``state_dir`` (SIGTERM, then SIGKILL) and remove its data.
 
+    With ``keep_data`` the log and the broker record stay, so ``restart_broker``
+    can bring the same broker (ports, topics, events) back later.
     Returns True if a live broker was stopped.
     """
     state = Path(state_dir) if state_dir else default_state_dir()
@@ -412,6 +415,8 @@ def stop_broker(state_dir: Path | str | None = None, *, timeout: float = STOP_TI
             raise BrokerError(f"Kafka broker pid {info.pid} survived SIGKILL; check `ps {info.pid}`")
     if info is not None and (proc := _CHILDREN.pop(info.pid, None)) is not None:
         proc.wait(timeout=5)  # reap our own child
+    if keep_data:
+        return alive
     shutil.rmtree(state / "data", ignore_errors=True)  # never a path read from broker.json
     (state / "broker.json").unlink(missing_ok=True)
     return alive

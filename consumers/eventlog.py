@@ -72,6 +72,7 @@ class LoggedEvent:
     offset: int
     timestamp_ms: int
     value: bytes
+    key: bytes | None = None
 
     def decode(self) -> RolloutEvent:
         return decode_event(self.value)
@@ -145,7 +146,27 @@ class EventLog:
         finally:
             self._consumer.unassign()
 
-    def _read(self, key: bytes, partition: int, high: int) -> Iterator[LoggedEvent]:
+    def partition_events(self, partition: int, *, from_time_ms: int | None = None) -> Iterator[LoggedEvent]:
+        """Every record of one partition (all rollouts), from a time (or the beginning) to the high watermark."""
+        tp = confluent_kafka.TopicPartition(self.topic, partition)
+        try:
+            low, high = self._consumer.get_watermark_offsets(tp, timeout=self.timeout_s, cached=False)
+            start = low
+            if from_time_ms is not None:
+                (found,) = self._consumer.offsets_for_times(
+                    [confluent_kafka.TopicPartition(self.topic, partition, from_time_ms)], timeout=self.timeout_s)
+                start = max(low, found.offset if found.offset >= 0 else high)
+        except confluent_kafka.KafkaException as exc:
+            raise TransportError(f"cannot read offsets of {self.topic}[{partition}]: {exc}") from exc
+        if start >= high:
+            return
+        self._consumer.assign([confluent_kafka.TopicPartition(self.topic, partition, start)])
+        try:
+            yield from self._read(None, partition, high)
+        finally:
+            self._consumer.unassign()
+
+    def _read(self, key: bytes | None, partition: int, high: int) -> Iterator[LoggedEvent]:
         # poll, not consume(n, timeout): consume waits out its timeout unless n records arrive.
         deadline = time.monotonic() + self.timeout_s
         while True:
@@ -161,8 +182,8 @@ class EventLog:
                 if err.code() == confluent_kafka.KafkaError._PARTITION_EOF:
                     return
                 raise TransportError(f"reading {self.topic}[{partition}]: {err}")
-            if msg.key() == key:
-                yield LoggedEvent(partition, msg.offset(), msg.timestamp()[1], msg.value())
+            if key is None or msg.key() == key:
+                yield LoggedEvent(partition, msg.offset(), msg.timestamp()[1], msg.value(), msg.key())
             if msg.offset() >= high - 1:
                 return
 

@@ -11,7 +11,8 @@ Precedence (each method only if ``rules.terminal_methods`` allows it):
 2. ``content``: exactly one policy call's output text equals the final text
    (whitespace-normalised). Several matches are reported and fall through.
 3. ``heuristic``: from the earliest extended root (a root with a live child;
-   all roots when none is extended), descend while exactly one child is
+   the only root when none is extended; several unextended roots are
+   ambiguous), descend while exactly one child is
    extended (or, at the end, exactly one child remains); any other fork is
    ambiguous, and so is an unlinked fragment (a root at an unresolved boundary)
    besides the chosen root: the conversation went on where we cannot follow.
@@ -91,6 +92,15 @@ def attribute_by_heuristic(forest: Forest, n_chains: int) -> Attribution:
     if not roots:
         return Attribution(failure="no_terminal", detail="no live root to start from")
     extended = [r for r in roots if live_children(r)]
+    if not extended and len(roots) > 1:
+        # Several one-call conversations and nothing says which answered the harness:
+        # the earliest could be a title or probe call (NeMo Gym's "aux-first" limitation).
+        ids = sorted(r.call_id for r in roots)
+        return Attribution(
+            failure="terminal_ambiguous",
+            detail=f"no evidence names the terminal and {len(ids)} single-call roots could hold it",
+            notes={"ambiguous_children": ids},
+        )
     node = min(extended or roots, key=lambda n: n.order_key)
     fragments = sorted(r.call_id for r in roots if r.boundary is not None and r is not node)
     if fragments:

@@ -311,7 +311,13 @@ def test_earliest_extended_root_is_selected_and_other_chains_are_reported():
 def test_orchestrator_is_selected_over_a_later_sub_agent():
     orchestrator = root(list(range(60)), [1, 2], created_at=100.0)
     sub_agent = root([9000, 9001], list(range(60)), created_at=120.0)
-    out = rebuild(snapshot_of(orchestrator, sub_agent))
+    # Gym's selection (earliest root, not generated-token mass), in gym mode:
+    gym = rebuild(snapshot_of(orchestrator, sub_agent), RebuildRules(delivery_mode="gym"))
+    assert gym.metrics.terminal_attribution.call_id == orchestrator.model_call_id and gym.mask_sample
+    # Ours: two one-call conversations and no evidence is ambiguous; evidence decides.
+    guess = rebuild(snapshot_of(orchestrator, sub_agent))
+    assert guess.mask_sample and codes(guess) == ["terminal_ambiguous"]
+    out = rebuild(snapshot_of(orchestrator, sub_agent, finish=declared(orchestrator)))
     assert out.metrics.terminal_attribution.call_id == orchestrator.model_call_id
     assert out.metrics.delivered_fraction < 0.1 and not out.mask_sample
 
@@ -328,7 +334,7 @@ def test_an_aux_call_finishing_first_is_not_delivered():
 def test_equal_timestamps_tie_break_on_the_smaller_call_id():
     a = root([1], [2], call_id="a" * 32, created_at=5.0)
     b = root([3], [4], call_id="b" * 32, created_at=5.0)
-    out = rebuild(snapshot_of(b, a))
+    out = rebuild(snapshot_of(b, a), RebuildRules(delivery_mode="gym"))
     assert out.metrics.terminal_attribution.call_id == "a" * 32
 
 

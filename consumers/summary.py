@@ -1,0 +1,149 @@
+"""Batch replay: what was masked in a time range, why, for which harness and model.
+
+Scans every partition of ``tokentrail.rollout-events`` one record at a time,
+folds each rollout with the pure fold (its state is dropped once the rollout
+is retired, so memory follows the rollouts in flight, not the log), rebuilds
+every rollout frozen inside ``[since, until)`` under the given rules, and
+aggregates: rollouts, masked fraction, counts per mask reason, per harness
+(user agent) and per model, the costliest masked rollouts, and mask reasons
+over time. Reading starts ``lookback`` before ``since`` so that rollouts which
+began earlier are folded whole.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from consumers.eventlog import EventLog
+from consumers.rebuild import RebuildRules, rebuild
+from processors.fold import apply_writes, fold_raw
+from processors.state import header_codec, header_key
+from schemas.records import RebuiltRollout, Snapshot
+
+_VERSION = re.compile(r"/[\w.\-]+$")
+
+
+@dataclass(slots=True)
+class RolloutRow:
+    rollout_id: str
+    finished_ms: int
+    masked: bool
+    reasons: list[str]
+    n_calls: int
+    generated_tokens: int
+    delivered_fraction: float
+    harnesses: list[str]
+    models: list[str]
+
+
+@dataclass(slots=True)
+class Summary:
+    since_ms: int | None
+    until_ms: int | None
+    events_scanned: int = 0
+    rows: dict[str, RolloutRow] = field(default_factory=dict)
+
+    def to_dict(self, top: int = 10) -> dict[str, Any]:
+        rows = sorted(self.rows.values(), key=lambda r: (r.finished_ms, r.rollout_id))
+        masked = [r for r in rows if r.masked]
+        by_reason = Counter(code for r in masked for code in r.reasons)
+        return {
+            "since_ms": self.since_ms,
+            "until_ms": self.until_ms,
+            "events_scanned": self.events_scanned,
+            "rollouts": len(rows),
+            "masked": len(masked),
+            "masked_fraction": round(len(masked) / len(rows), 4) if rows else 0.0,
+            "by_reason": dict(by_reason.most_common()),
+            "by_harness": _breakdown(rows, "harnesses"),
+            "by_model": _breakdown(rows, "models"),
+            "top_masked": [
+                {"rollout_id": r.rollout_id, "reasons": r.reasons, "n_calls": r.n_calls,
+                 "generated_tokens": r.generated_tokens}
+                for r in sorted(masked, key=lambda r: (-r.generated_tokens, r.rollout_id))[:top]
+            ],
+            "timeline": [{"finished_ms": r.finished_ms, "rollout_id": r.rollout_id, "masked": r.masked,
+                          "reasons": r.reasons} for r in rows],
+        }
+
+
+def summarize(log: EventLog, *, since_ms: int | None, until_ms: int | None, lookback_ms: int = 3_600_000,
+              rules: RebuildRules = RebuildRules(project_response=False)) -> Summary:
+    summary = Summary(since_ms, until_ms)
+    start = None if since_ms is None else since_ms - lookback_ms
+    for partition in range(log.partitions()):
+        states: dict[bytes, dict[bytes, bytes]] = {}
+        for record in log.partition_events(partition, from_time_ms=start):
+            if until_ms is not None and record.timestamp_ms >= until_ms:
+                break
+            summary.events_scanned += 1
+            key = record.key or b""
+            state = states.setdefault(key, {})
+            result = fold_raw(state, key, record.value)
+            apply_writes(state, result)
+            for snapshot in result.snapshots:
+                if since_ms is None or snapshot.frozen_at // 1000 >= since_ms:
+                    summary.rows[snapshot.rollout_id] = _row(snapshot, rebuild(snapshot, rules))
+            header = state.get(header_key(key.decode(errors="replace")))
+            if header is not None and header_codec().decode(header).retired:
+                del states[key]  # retired: nothing more can change it
+    return summary
+
+
+def _row(snapshot: Snapshot, rollout: RebuiltRollout) -> RolloutRow:
+    calls = [sc.call for sc in snapshot.calls]
+    return RolloutRow(
+        rollout_id=snapshot.rollout_id,
+        finished_ms=snapshot.frozen_at // 1000,
+        masked=rollout.mask_sample,
+        reasons=[r.code for r in rollout.mask_reasons],
+        n_calls=rollout.metrics.n_calls,
+        generated_tokens=rollout.metrics.generated_tokens_captured,
+        delivered_fraction=rollout.metrics.delivered_fraction,
+        harnesses=sorted({harness_of(c.facts.user_agent) for c in calls}) or ["unknown"],
+        models=sorted({c.facts.requested_model or c.model or "unknown" for c in calls}) or ["unknown"],
+    )
+
+
+def harness_of(user_agent: str) -> str:
+    """The harness a user agent names, without its version (``claude-cli/2.1.3 (...)`` -> ``claude-cli``)."""
+    first = (user_agent or "").split(" ", 1)[0]
+    return _VERSION.sub("", first) or "unknown"
+
+
+def _breakdown(rows: list[RolloutRow], attribute: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = defaultdict(lambda: {"rollouts": 0, "masked": 0, "reasons": Counter()})
+    for r in rows:
+        for name in getattr(r, attribute):
+            entry = out[name]
+            entry["rollouts"] += 1
+            if r.masked:
+                entry["masked"] += 1
+                entry["reasons"].update(r.reasons)
+    return {k: {"rollouts": v["rollouts"], "masked": v["masked"],
+                "masked_fraction": round(v["masked"] / v["rollouts"], 4), "reasons": dict(v["reasons"])}
+            for k, v in sorted(out.items())}
+
+
+def render_text(data: dict[str, Any]) -> str:
+    lines = [f"{data['rollouts']} rollouts finished in range ({data['events_scanned']} events scanned); "
+             f"{data['masked']} masked ({data['masked_fraction']:.1%})"]
+    if data["by_reason"]:
+        lines.append("mask reasons:")
+        lines += [f"  {n:>6}  {code}" for code, n in data["by_reason"].items()]
+    for title, key in (("by harness (user agent):", "by_harness"), ("by model (requested):", "by_model")):
+        lines.append(title)
+        for name, entry in data[key].items():
+            reasons = ", ".join(f"{c} x{n}" for c, n in entry["reasons"].items())
+            lines.append(f"  {name:<28} {entry['rollouts']:>6} rollouts  {entry['masked']:>6} masked "
+                         f"({entry['masked_fraction']:.1%}){'  ' + reasons if reasons else ''}")
+    if data["top_masked"]:
+        lines.append("costliest masked rollouts (generated tokens not trainable):")
+        for r in data["top_masked"]:
+            lines.append(f"  {r['rollout_id']:<32} {r['generated_tokens']:>8} tokens  {r['n_calls']:>4} calls  "
+                         f"{', '.join(r['reasons'])}")
+        lines.append("  explain one: tokentrail replay --bootstrap ... --rollout <id>")
+    return "\n".join(lines)
