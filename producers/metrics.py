@@ -16,11 +16,13 @@ class InterceptorMetrics:
                                   registry=self.registry)
         self.publish_seconds = Histogram(
             "tokentrail_publish_seconds", "Time to an acks=all acknowledgement",
-            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5, 30), registry=self.registry,
+            buckets=(0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.02, 0.05,
+                     0.1, 0.5, 1, 5, 30), registry=self.registry,
         )
         self.overhead_seconds = Histogram(
             "tokentrail_overhead_seconds", "Time a non-streaming call spent in the interceptor (not the engine), durable ack included",
-            buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.05, 0.1, 0.5, 1, 5),
+            buckets=(0.0005, 0.001, 0.0015, 0.002, 0.0025, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.05, 0.1,
+                     0.5, 1, 5),
             registry=self.registry,
         )
         self.spooled = Counter("tokentrail_events_spooled", "Events made durable in the local spool (Kafka down)",

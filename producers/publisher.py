@@ -54,6 +54,8 @@ def producer_config(bootstrap: str, *, linger_ms: float = 1.0, delivery_timeout_
         "delivery.timeout.ms": delivery_timeout_ms,
         "request.timeout.ms": min(delivery_timeout_ms, 30_000),
         "compression.type": "none",
+        # Latency first: no Nagle delay on the produce socket (one capture is one small request).
+        "socket.nagle.disable": True,
     }
 
 
