@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install jars demo why test test-unit test-integration bench clean
+.PHONY: install jars claude-code demo why test test-unit test-integration bench clean
 
 install: $(VENV)/.installed
 
@@ -16,6 +16,10 @@ $(VENV)/.installed: pyproject.toml
 # Apache Kafka's broker jars from Maven Central into .kafka/libs (cached in ~/.m2).
 jars: install
 	$(BIN)/tokentrail kafka fetch
+
+# The real Claude Code CLI (npm, pinned in compose/claude_code/) for the end-to-end test.
+claude-code: install
+	$(BIN)/python -m compose.claude_code install
 
 demo: install jars
 	$(BIN)/tokentrail demo
