@@ -1,29 +1,77 @@
 """The thin Faust shell around the pure fold: decode, fold, store, emit.
 
-Faust runs ``at_least_once`` (its exactly-once mode has open duplicate and
-rebalance bugs); the fold is idempotent, so redelivery is harmless. State lives
-in a RocksDB table through rocksdict, values raw bytes (our own Avro), memory
-bounded by ``ProcessorSettings.rocksdb``. A snapshot is awaited until Kafka
-acknowledges it before the next event is taken, so an acknowledged freeze is
-never lost; a crash before that re-delivers the finish, which re-emits the
-same snapshot identity.
+Guarantees, and the Faust behaviour each one rests on:
+
+- At-least-once, in order, never ahead of the changelog. Faust runs
+  ``at_least_once`` (its exactly-once mode has open duplicate and rebalance
+  bugs). The agent produces its table's changelog records itself, acks events
+  by hand, in order, each once Kafka has acknowledged them, and admits each
+  partition's events only without holes (``processors.delivery``: Faust's own
+  flush-before-commit can commit past records it never sent, and around a
+  rebalance its stream can drop fetched events). Redelivered events are
+  recognised by their (partition, offset) against the position stored in the
+  rollout's header (``processors.fold``), so they change nothing.
+- Outputs before progress of their rollout. A snapshot or dead letter is
+  acknowledged by Kafka before the next event of the same rollout is folded
+  (other rollouts go on meanwhile) and before its event is acked; a crash
+  before that leaves the event unacknowledged, and its redelivery emits the
+  same bytes again (snapshot ids are deterministic). Snapshots may therefore
+  arrive more than once; consumers are idempotent by snapshot identity.
+- Local state never ahead of the changelog. RocksDB writes land at once, but
+  their changelog records are produced asynchronously, so after ``kill -9`` the
+  local store can hold writes the changelog never got; keeping them would make
+  the redelivered events no-ops whose writes then never reach the changelog,
+  and a later owner of the partition would rebuild a different state. So the
+  data dir carries a marker while the worker runs; it is removed only after a
+  clean stop (every event acked, producer flushed), and a worker that finds
+  it at start discards the local tables and recovers them from the changelog.
+- Bounded resources: RocksDB memory per partition from
+  ``ProcessorSettings.rocksdb``; the changelog is compacted (Faust's default
+  for tables) and accepts messages up to ``MAX_MESSAGE_BYTES``, like the
+  snapshots topic, so one large call body or snapshot fits.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 import faust
 
+from processors.delivery import DirectChangelogTable, OffsetGuard, OrderedAcker
 from processors.fold import DeadLetter, fold_raw
 from processors.settings import ProcessorSettings
-from schemas.codec import encode_snapshot
 from schemas.topics import MAX_MESSAGE_BYTES
 
 log = logging.getLogger("tokentrail.processor")
 
 STATE_TABLE = "rollout-state"
+RUNNING_MARKER = "tokentrail-worker.running"
+
+
+class ProcessorApp(faust.App):
+    """A faust.App that records whether it stopped cleanly."""
+
+    stopped_cleanly = False
+    acker: OrderedAcker | None = None
+
+    def _new_consumer(self) -> Any:
+        consumer = super()._new_consumer()
+
+        async def no_gaps(tp: Any, offset_from: int, offset_to: int) -> None:
+            return None  # rollout-events is neither compacted nor transactional: a jump is a hole, not a gap
+
+        consumer._add_gap = no_gaps  # see processors.delivery
+        return consumer
+
+    async def on_stop(self) -> None:
+        # faust's on_stop stops the consumer, waits for the streams and flushes the producer; if that
+        # returned with every event acked, every local write is also in the changelog.
+        await super().on_stop()
+        self.stopped_cleanly = self.acker is None or self.acker.idle
 
 
 class _TableReader:
@@ -36,9 +84,9 @@ class _TableReader:
         return self._table.get(key)
 
 
-def create_app(settings: ProcessorSettings) -> faust.App:
+def create_app(settings: ProcessorSettings) -> ProcessorApp:
     p = settings.partitions
-    app = faust.App(
+    app = ProcessorApp(
         settings.app_id,
         broker=[f"kafka://{b}" for b in settings.bootstrap.split(",")],
         store="rocksdb://",
@@ -57,13 +105,17 @@ def create_app(settings: ProcessorSettings) -> faust.App:
         producer_max_request_size=MAX_MESSAGE_BYTES,
         consumer_max_fetch_size=MAX_MESSAGE_BYTES,
         producer_acks=-1,
+        producer_linger=settings.producer_linger_s,
+        producer_max_batch_size=settings.producer_max_batch_bytes,
+        Table=DirectChangelogTable,
     )
     raw = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw", partitions=p)
     events = app.topic(settings.topics.rollout_events, **raw)
     snapshots = app.topic(settings.topics.snapshots, **raw)
     deadletter = app.topic(settings.topics.deadletter, **raw)
     table = app.Table(STATE_TABLE, default=None, partitions=p, key_type=bytes, value_type=bytes,
-                      options=settings.rocksdb.as_options())
+                      options=settings.rocksdb.as_options(),
+                      extra_topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES)})
     # Tables derive serializers from their types (json for bytes); state values are our own Avro bytes.
     table.key_serializer = "raw"
     table.value_serializer = "raw"
@@ -71,29 +123,67 @@ def create_app(settings: ProcessorSettings) -> faust.App:
 
     @app.agent(events, name="fold")
     async def fold_agent(stream: faust.StreamT) -> None:
-        async for event in stream.events():
-            message = event.message
-            result = fold_raw(reader, event.key, event.value)
-            for key, value in result.writes.items():
-                if value is None:
-                    if key in table:
-                        del table[key]
-                else:
-                    table[key] = value
-            for snapshot in result.snapshots:
-                fut = await snapshots.send(key=snapshot.rollout_id.encode(), value=encode_snapshot(snapshot))
-                await fut
-            for dead in result.deadletters:
-                fut = await deadletter.send(
-                    key=event.key, value=event.value,
-                    headers=_deadletter_headers(dead, message.topic, message.partition, message.offset),
-                )
-                await fut
-                log.warning("dead letter %s at %s[%d]@%d: %s", dead.reason, message.topic, message.partition,
-                            message.offset, dead.detail)
+        acker = app.acker = OrderedAcker(app, table)
+        guard = OffsetGuard(app, settings.topics.rollout_events)
+        acker.start()
+        guard.start()
+        try:
+            async for event in stream.noack().events():
+                message = event.message
+                if not await guard.admit(event):
+                    continue
+                await acker.settle(event.key)
+                result = fold_raw(reader, event.key, event.value, position=(message.partition, message.offset))
+                # Local writes first, none awaited; then their changelog records, in the same order.
+                for key, value in result.writes.items():
+                    if value is None:
+                        if key in table:
+                            del table[key]
+                    else:
+                        table[key] = value
+                changelog = await table.produce_changelog(table.take_changelog())
+                outputs = []
+                for snapshot in result.emitted:
+                    outputs.append(await snapshots.send(key=event.key, value=snapshot.data))
+                for dead in result.deadletters:
+                    outputs.append(await deadletter.send(
+                        key=event.key, value=event.value,
+                        headers=_deadletter_headers(dead, message.topic, message.partition, message.offset),
+                    ))
+                    log.warning("dead letter %s at %s[%d]@%d: %s", dead.reason, message.topic, message.partition,
+                                message.offset, dead.detail)
+                await acker.submit(event, changelog, outputs)
+        finally:
+            guard.stop()
+            acker.stop()
 
     app.tokentrail_table = table  # type: ignore[attr-defined]
     return app
+
+
+def claim_local_state(app: faust.App) -> bool:
+    """Mark the data dir in use; discard local tables a previous run left unclean. True if it discarded."""
+    marker = Path(app.conf.datadir) / RUNNING_MARKER
+    tabledir = Path(app.conf.tabledir)
+    discarded = marker.exists() and tabledir.exists()
+    if discarded:
+        log.warning("the previous worker on %s did not stop cleanly: discarding its local tables, they are "
+                    "recovered from the changelog", app.conf.datadir)
+        shutil.rmtree(tabledir)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    with open(marker, "w") as fh:
+        fh.write(f"{os.getpid()}\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    return discarded
+
+
+def release_local_state(app: ProcessorApp) -> bool:
+    """Remove the marker if the app stopped cleanly; True if it did."""
+    if not app.stopped_cleanly:
+        return False
+    (Path(app.conf.datadir) / RUNNING_MARKER).unlink(missing_ok=True)
+    return True
 
 
 def _deadletter_headers(dead: DeadLetter, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:

@@ -1,4 +1,9 @@
-"""``tokentrail process``: run one fold worker (a Faust worker) against a broker."""
+"""``tokentrail process``: run one fold worker (a Faust worker) against a broker.
+
+Run several with the same ``--app-id`` (one ``--data-dir`` each) to split the
+partitions; SIGTERM stops a worker cleanly, and a worker killed any other way
+recovers its tables from the changelog at the next start (``processors.app``).
+"""
 
 from __future__ import annotations
 
@@ -31,12 +36,20 @@ def main(args: argparse.Namespace) -> int:
         print(f"tokentrail process: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    from processors.app import create_app
+    from processors.app import claim_local_state, create_app, release_local_state
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(settings)
+    claim_local_state(app)
     # Faust's worker owns the event loop, signals and shutdown.
     from faust.worker import Worker
 
-    Worker(app, loglevel=args.log_level.upper(), quiet=True).execute_from_commandline()
+    worker = Worker(app, loglevel=args.log_level.upper(), quiet=True)
+    # faust's startup spinner sets the root logger to DEBUG for good, so every debug call in
+    # aiokafka and faust builds a log record: about 6% of a busy worker's time.
+    worker.spinner = None
+    try:
+        worker.execute_from_commandline()
+    finally:
+        release_local_state(app)
     return 0

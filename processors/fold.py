@@ -1,94 +1,70 @@
 """The fold: everything about a rollout is decided from its ordered events.
 
 ``fold(state, event)`` is pure and deterministic: it reads the rollout's state
-through a ``StateReader`` and returns the writes to apply (header last: the
-header is the commit point), the snapshots to emit and the dead letters to
-publish. Live (Faust over RocksDB) and replay (a dict) run the same code, so
+through a ``StateReader`` and returns the writes to apply, in order (the
+rollout's header is the commit point), the snapshots to emit and the dead
+letters to publish. Live (Faust over RocksDB) and replay (a dict) run the same code, so
 the same events give the same snapshots, byte for byte.
 
 Guarantees:
 - Idempotent: a repeated event (same event id; or same model_call_id with the
-  same payload bytes) changes nothing. A different payload for a known call
-  marks the rollout incomplete with reason ``conflicting_payload``.
-- Lineage: every parent claim is verified (full prompts: the digest of the
-  parent's cumulative ids against the child's prompt prefix; delta prompts: the
-  parent digest and lengths), and calls that arrived unresolved are resolved
-  from the events alone (``processors.lineage``). Nothing is guessed.
-- Lifecycle: RolloutFinished freezes (re-freezing an unchanged rollout re-emits
-  the same snapshot identity); every state change bumps the version; writes
+  same payload bytes; or an incomplete marker with the same payload) changes
+  nothing. A different payload for a known call marks the rollout incomplete
+  with reason ``conflicting_payload``.
+- Redelivery-safe: given the event's (partition, offset), an event at or below
+  the last position that changed the rollout is an at-least-once redelivery
+  and changes nothing, whatever happened since (a retire, later writes). It
+  only re-emits what it may still owe: the snapshot, if it is the finish that
+  froze the current state, or its write-after-retire dead letter.
+- Crash-safe: the writes of an event cut short at any point leave a state in
+  which its redelivery (and that of every event before it) gives the clean
+  result. Bodies are written before the header, the commit point, so a
+  half-applied event is redone; a retirement, the one event that deletes,
+  writes its tombstone first and redoes its deletes when redelivered.
+- Lineage: every parent claim is verified and calls that arrived unresolved are
+  resolved from the events alone (``processors.lineage``). Nothing is guessed.
+- Lifecycle: RolloutFinished freezes (re-freezing an unchanged rollout with the
+  same payload re-emits the same snapshot identity; snapshot ids are derived
+  from rollout id and version); every state change bumps the version; writes
   after a freeze are kept as evidence; RetireRequested removes state only for
-  the exact snapshot id and version and leaves a tombstone.
+  the exact snapshot id and version and leaves a tombstone, so later writers
+  of the retired attempt are reported as dead letters.
+- Bad input never stops the stream: an undecodable, newer-schema or invalid
+  event, or one the fold cannot apply, becomes a dead letter with the reason.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from dataclasses import dataclass, field
-from typing import Protocol
 
 from processors import lineage
+from processors.snapshot import CONFLICTING_PAYLOAD
 from processors.state import (
     FingerprintEntry,
     FingerprintIndex,
     RolloutHeader,
-    StoredCall,
     StoredIncomplete,
-    call_codec,
     call_key,
+    encode_call_body,
+    encode_stored_call,
     fingerprint_key,
-    header_codec,
-    header_key,
     incomplete_codec,
     incomplete_key,
     index_codec,
     seq_key,
 )
-from schemas.codec import decode_event, event_body_bytes
+from processors.txn import DeadLetter, FoldResult, Position, StateReader, StateReadError, Txn, apply_writes
+from schemas.codec import decode_event, encode_event, event_body_bytes
 from schemas.errors import CodecError, ContractError
 from schemas.ids import validate_rollout_id
-from schemas.records import (
-    CallCaptured,
-    CallIncomplete,
-    RetireRequested,
-    RolloutEvent,
-    RolloutFinished,
-    Snapshot,
-    SnapshotCall,
-)
+from schemas.records import CallCaptured, CallIncomplete, RetireRequested, RolloutEvent, RolloutFinished
 
-CONFLICTING_PAYLOAD = "conflicting_payload"
+__all__ = ["CONFLICTING_PAYLOAD", "DeadLetter", "FoldResult", "StateReadError", "StateReader", "apply_writes", "fold",
+           "fold_raw", "snapshot_id_for"]
 
 
-class StateReader(Protocol):
-    """Read access to the processor state (a RocksDB-backed table, or a dict in replay)."""
-
-    def get(self, key: bytes) -> bytes | None:
-        """The value under ``key``, or None."""
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """An event the fold refused, with the reason; the stream goes on."""
-
-    reason: str
-    detail: str
-    rollout_id: str | None = None
-
-
-@dataclass(slots=True)
-class FoldResult:
-    writes: dict[bytes, bytes | None] = field(default_factory=dict)  # None deletes; header last
-    snapshots: list[Snapshot] = field(default_factory=list)
-    deadletters: list[DeadLetter] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def changed(self) -> bool:
-        return bool(self.writes)
-
-
-def fold_raw(state: StateReader, key: bytes | None, value: bytes) -> FoldResult:
+def fold_raw(state: StateReader, key: bytes | None, value: bytes, *, position: Position | None = None) -> FoldResult:
     """Decode one Kafka record and fold it; undecodable or invalid records become dead letters."""
     try:
         event = decode_event(value)
@@ -98,41 +74,73 @@ def fold_raw(state: StateReader, key: bytes | None, value: bytes) -> FoldResult:
                 f"record key {key!r} differs from rollout_id {event.rollout_id!r}: producers must key "
                 "every event by its UTF-8 rollout id"
             )
+        body = event_body_bytes(value)
     except (CodecError, ContractError) as exc:
         return FoldResult(deadletters=[DeadLetter(type(exc).__name__, str(exc), _safe_key(key))])
-    payload = hashlib.sha256(event_body_bytes(value)).hexdigest()
-    return fold(state, event, payload_digest=payload)
+    try:
+        return fold(state, event, body=body, position=position)
+    except StateReadError:
+        raise
+    except Exception as exc:
+        # The fold is deterministic, so an event it cannot apply (a bug, a corrupt state) would fail
+        # the same way on every retry: park it with the reason rather than stop the partition.
+        return FoldResult(deadletters=[DeadLetter("FoldError", f"{type(exc).__name__}: {exc}", event.rollout_id)])
 
 
-def fold(state: StateReader, event: RolloutEvent, *, payload_digest: str | None = None) -> FoldResult:
-    """Fold one decoded event into the state; see the module docstring for the guarantees."""
-    txn = _Txn(state, event.rollout_id)
-    body = event.body
-    if txn.header.retired and not isinstance(body, RetireRequested):
+def fold(
+    state: StateReader, event: RolloutEvent, *, body: bytes | None = None, position: Position | None = None
+) -> FoldResult:
+    """Fold one decoded event into the state; see the module docstring for the guarantees.
+
+    ``body`` is the event's Avro body bytes (``event_body_bytes``; computed when
+    omitted); ``position`` its (partition, offset), when it came from Kafka.
+    """
+    txn = Txn(state, event.rollout_id, position)
+    payload = hashlib.sha256(body if body is not None else event_body_bytes(encode_event(event))).hexdigest()
+    if txn.redelivered:
+        _fold_redelivered(txn, event)
+        return txn.result  # the state already has this event (a cut-short retirement aside)
+    msg = event.body
+    if txn.header.retired and not isinstance(msg, RetireRequested):
         txn.header = dataclasses.replace(txn.header, writes_after_retire=txn.header.writes_after_retire + 1)
-        txn.result.deadletters.append(
-            DeadLetter(
-                "write_after_retire",
-                f"{type(body).__name__} event {event.event_id} arrived after rollout {event.rollout_id!r} "
-                f"was retired (snapshot {txn.header.snapshot_id} v{txn.header.version}); a late writer of a "
-                "retired attempt: use a new rollout id per attempt",
-                event.rollout_id,
-            )
-        )
-    elif isinstance(body, CallCaptured):
-        _fold_capture(txn, event, body, payload_digest or _payload_digest(event))
-    elif isinstance(body, CallIncomplete):
-        _fold_incomplete(txn, event.event_id, body)
-    elif isinstance(body, RolloutFinished):
-        _fold_finished(txn, event, body)
-    elif isinstance(body, RetireRequested):
-        _fold_retire(txn, body)
+        txn.result.deadletters.append(_after_retire(txn.header, event))
+    elif isinstance(msg, CallCaptured):
+        _fold_capture(txn, event, msg, payload, body)
+    elif isinstance(msg, CallIncomplete):
+        _fold_incomplete(txn, event.event_id, msg, payload[:32])
+    elif isinstance(msg, RolloutFinished):
+        _fold_finished(txn, event, msg)
+    elif isinstance(msg, RetireRequested):
+        _fold_retire(txn, msg)
     return txn.commit()
 
 
-def _fold_capture(txn: _Txn, event: RolloutEvent, call: CallCaptured, payload: str) -> None:
+def _fold_redelivered(txn: Txn, event: RolloutEvent) -> None:
+    header, msg = txn.header, event.body
+    txn.result.notes.append(f"redelivered event {event.event_id} at {txn.position}: already folded")
+    if txn.position is None or txn.position[1] != header.applied_offset:
+        return  # a later event changed the state, so this one's outputs were acknowledged before it
+    if isinstance(msg, RolloutFinished) and header.frozen and not header.retired and not header.changed_since_freeze:
+        txn.emit(header)
+    elif isinstance(msg, RetireRequested) and header.retired:
+        _sweep(txn, header)  # this retirement may have been cut short after its tombstone
+    elif header.retired and header.writes_after_retire:
+        txn.result.deadletters.append(_after_retire(header, event))
+
+
+def _after_retire(header: RolloutHeader, event: RolloutEvent) -> DeadLetter:
+    return DeadLetter(
+        "write_after_retire",
+        f"{type(event.body).__name__} event {event.event_id} arrived after rollout {event.rollout_id!r} was "
+        f"retired (snapshot {header.snapshot_id} v{header.version}); a late writer of a retired attempt: "
+        "use a new rollout id per attempt",
+        event.rollout_id,
+    )
+
+
+def _fold_capture(txn: Txn, event: RolloutEvent, call: CallCaptured, payload: str, body: bytes | None) -> None:
     header = txn.header
-    existing = txn.get_call(call.model_call_id)
+    existing = txn.call_head(call.model_call_id)
     if existing is not None and existing.seq < header.n_calls:
         if existing.payload_digest == payload:
             txn.result.notes.append(f"duplicate call {call.model_call_id}")
@@ -144,13 +152,16 @@ def _fold_capture(txn: _Txn, event: RolloutEvent, call: CallCaptured, payload: s
             detail=f"payload {payload[:16]} differs from the stored {existing.payload_digest[:16]}",
             created_at=call.created_at,
         )
-        _fold_incomplete(txn, event.event_id, marker)
+        # Keyed by the conflicting payload, so a re-published copy of it adds no second marker.
+        _fold_incomplete(txn, event.event_id, marker, f"conflict:{call.model_call_id}:{payload[:32]}")
         return
     # New call, or a body left by an event whose header write never happened: (re)apply.
-    stored_form, note = lineage.decide(txn, call)
+    stored, note = lineage.decide(txn, call)
+    if stored is not call or body is None:
+        body = encode_call_body(stored)
     seq = header.n_calls
-    txn.put(call_key(txn.rollout_id, call.model_call_id), call_codec().encode(
-        StoredCall(seq=seq, payload_digest=payload, call=stored_form, late=header.frozen, lineage_note=note)
+    txn.put(call_key(txn.rollout_id, call.model_call_id), encode_stored_call(
+        seq=seq, payload_digest=payload, late=header.frozen, lineage_note=note, call=stored, body=body,
     ))
     txn.put(seq_key(txn.rollout_id, seq), call.model_call_id.encode())
     if call.continuation_fingerprint:
@@ -163,20 +174,20 @@ def _fold_capture(txn: _Txn, event: RolloutEvent, call: CallCaptured, payload: s
     )
 
 
-def _index_call(txn: _Txn, call: CallCaptured) -> None:
-    key = fingerprint_key(txn.rollout_id, call.continuation_fingerprint)
+def _index_call(txn: Txn, call: CallCaptured) -> None:
     index = txn.get_index(call.continuation_fingerprint)
     entries = list(index.entries) if index else []
     if any(e.call_id == call.model_call_id for e in entries):
         return
     entries.append(FingerprintEntry(call_id=call.model_call_id, cum_len=call.cum_len, digest=call.digest))
-    txn.put(key, index_codec().encode(FingerprintIndex(entries=entries)))
+    txn.put(fingerprint_key(txn.rollout_id, call.continuation_fingerprint),
+            index_codec().encode(FingerprintIndex(entries=entries)))
 
 
-def _fold_incomplete(txn: _Txn, event_id: str, marker: CallIncomplete) -> None:
+def _fold_incomplete(txn: Txn, event_id: str, marker: CallIncomplete, digest: str) -> None:
     header = txn.header
-    if event_id in header.incomplete_event_ids:
-        txn.result.notes.append(f"duplicate incomplete event {event_id}")
+    if event_id in header.incomplete_event_ids or digest in header.incomplete_digests:
+        txn.result.notes.append(f"duplicate incomplete marker (event {event_id})")
         return
     seq = header.n_incomplete
     txn.put(
@@ -187,22 +198,24 @@ def _fold_incomplete(txn: _Txn, event_id: str, marker: CallIncomplete) -> None:
         header,
         n_incomplete=seq + 1,
         incomplete_event_ids=[*header.incomplete_event_ids, event_id],
+        incomplete_digests=[*header.incomplete_digests, digest],
         version=header.version + 1,
         late_writes=header.late_writes + (1 if header.frozen else 0),
     )
 
 
-def _fold_finished(txn: _Txn, event: RolloutEvent, finished: RolloutFinished) -> None:
+def _fold_finished(txn: Txn, event: RolloutEvent, finished: RolloutFinished) -> None:
     header = txn.header
-    if header.frozen and not header.changed_since_freeze:
-        # Unchanged since the freeze: the same snapshot identity again (a redelivered
-        # or repeated finish must never mint a second identity for the same state).
-        txn.result.snapshots.append(build_snapshot(txn, header))
+    if header.frozen and not header.changed_since_freeze and header.finished == finished:
+        # Unchanged since the freeze: the same snapshot identity again (a repeated
+        # finish must never mint a second identity for the same state).
+        txn.emit(header)
         return
     if event.event_id in header.finish_event_ids:
-        # A redelivered finish after later writes: that freeze already happened.
+        # A re-published finish after later writes: that freeze already happened.
         txn.result.notes.append(f"duplicate finish event {event.event_id}")
         return
+    # First freeze, a freeze after later writes, or a finish with a new payload: a new state.
     version = header.version + 1
     txn.header = dataclasses.replace(
         header,
@@ -214,10 +227,10 @@ def _fold_finished(txn: _Txn, event: RolloutEvent, finished: RolloutFinished) ->
         finished=finished,
         finish_event_ids=[*header.finish_event_ids, event.event_id],
     )
-    txn.result.snapshots.append(build_snapshot(txn, txn.header))
+    txn.emit(txn.header)
 
 
-def _fold_retire(txn: _Txn, retire: RetireRequested) -> None:
+def _fold_retire(txn: Txn, retire: RetireRequested) -> None:
     header = txn.header
     if header.retired:
         txn.result.notes.append("already retired")
@@ -228,104 +241,44 @@ def _fold_retire(txn: _Txn, retire: RetireRequested) -> None:
             f"(current: {header.snapshot_id or 'not frozen'} v{header.version})"
         )
         return
-    for seq in range(header.n_calls):
-        call_id = txn.get(seq_key(txn.rollout_id, seq))
-        if call_id is None:
-            continue
-        stored = txn.get_call(call_id.decode())
-        if stored is not None and stored.call.continuation_fingerprint:
-            txn.put(fingerprint_key(txn.rollout_id, stored.call.continuation_fingerprint), None)
-        txn.put(call_key(txn.rollout_id, call_id.decode()), None)
-        txn.put(seq_key(txn.rollout_id, seq), None)
-    for seq in range(header.n_incomplete):
-        txn.put(incomplete_key(txn.rollout_id, seq), None)
-    # The tombstone keeps the identity so late writers of this attempt are detected.
+    # The tombstone first (the one event that deletes): once it is in the state, every earlier event
+    # is a redelivery by position, so none is re-decided on half-deleted bodies; the deletes below are
+    # redone by this event's own redelivery (``_fold_redelivered``) if they were cut short. It keeps
+    # the identity, so late writers of this attempt are detected, and the counts, for that sweep.
     txn.header = RolloutHeader(
         rollout_id=txn.rollout_id,
         version=header.version,
+        n_calls=header.n_calls,
+        n_incomplete=header.n_incomplete,
         frozen=True,
         frozen_version=header.frozen_version,
         snapshot_id=header.snapshot_id,
         frozen_at=header.frozen_at,
         retired=True,
     )
+    txn.header_first = True
+    _sweep(txn, header)
 
 
-def build_snapshot(state: _Txn, header: RolloutHeader) -> Snapshot:
-    """The frozen rollout: every call in seq order with its verified lineage, and the markers."""
-    calls = []
+def _sweep(txn: Txn, header: RolloutHeader) -> None:
+    """Delete every body, index and marker of the rollout (idempotent)."""
+    rid = txn.rollout_id
     for seq in range(header.n_calls):
-        call_id = state.get(seq_key(header.rollout_id, seq))
-        stored = state.get_call(call_id.decode()) if call_id else None
-        if stored is None:
-            raise ContractError(f"state of rollout {header.rollout_id!r} lost call seq {seq}: state is corrupt")
-        calls.append(SnapshotCall(seq=seq, call=stored.call, late=stored.late, lineage_note=stored.lineage_note))
-    markers = []
+        call_id = txn.get(seq_key(rid, seq))
+        if call_id is None:
+            continue
+        head = txn.call_head(call_id.decode())
+        if head is not None and head.continuation_fingerprint:
+            txn.put(fingerprint_key(rid, head.continuation_fingerprint), None)
+        txn.put(call_key(rid, call_id.decode()), None)
+        txn.put(seq_key(rid, seq), None)
     for seq in range(header.n_incomplete):
-        raw = state.get(incomplete_key(header.rollout_id, seq))
-        if raw is None:
-            raise ContractError(f"state of rollout {header.rollout_id!r} lost marker {seq}: state is corrupt")
-        markers.append(incomplete_codec().decode(raw).marker)
-    conflicts = sorted({m.model_call_id for m in markers if m.reason == CONFLICTING_PAYLOAD and m.model_call_id})
-    return Snapshot(
-        rollout_id=header.rollout_id,
-        snapshot_id=header.snapshot_id,
-        version=header.version,
-        frozen_at=header.frozen_at,
-        calls=calls,
-        incomplete=bool(markers),
-        incomplete_markers=markers,
-        conflicting_call_ids=conflicts,
-        late_writes=header.late_writes,
-        finished=header.finished or RolloutFinished(),
-    )
+        txn.put(incomplete_key(rid, seq), None)
 
 
 def snapshot_id_for(rollout_id: str, version: int) -> str:
     """Deterministic: the fold is deterministic, so (rollout, version) names one state."""
     return hashlib.sha256(f"tokentrail-snapshot\x00{rollout_id}\x00{version}".encode()).hexdigest()[:32]
-
-
-class _Txn:
-    """The writes of one event, readable back before they are applied (an overlay)."""
-
-    def __init__(self, state: StateReader, rollout_id: str) -> None:
-        self._state = state
-        self.rollout_id = rollout_id
-        self.result = FoldResult()
-        self._writes = self.result.writes
-        raw = state.get(header_key(rollout_id))
-        self._original_header = header_codec().decode(raw) if raw is not None else None
-        self.header = self._original_header or RolloutHeader(rollout_id=rollout_id)
-
-    def get(self, key: bytes) -> bytes | None:
-        if key in self._writes:
-            return self._writes[key]
-        return self._state.get(key)
-
-    def put(self, key: bytes, value: bytes | None) -> None:
-        self._writes[key] = value
-
-    def get_call(self, call_id: str) -> StoredCall | None:
-        raw = self.get(call_key(self.rollout_id, call_id))
-        return call_codec().decode(raw) if raw is not None else None
-
-    def get_index(self, fingerprint: str) -> FingerprintIndex | None:
-        raw = self.get(fingerprint_key(self.rollout_id, fingerprint))
-        return index_codec().decode(raw) if raw is not None else None
-
-    def commit(self) -> FoldResult:
-        if self.header != self._original_header:
-            # Last, so that a crash between writes leaves a detectable, redoable body.
-            self._writes.pop(header_key(self.rollout_id), None)
-            self._writes[header_key(self.rollout_id)] = header_codec().encode(self.header)
-        return self.result
-
-
-def _payload_digest(event: RolloutEvent) -> str:
-    from schemas.codec import encode_event
-
-    return hashlib.sha256(event_body_bytes(encode_event(event))).hexdigest()
 
 
 def _safe_key(key: bytes | None) -> str | None:
@@ -335,12 +288,3 @@ def _safe_key(key: bytes | None) -> str | None:
         return key.decode("utf-8")
     except UnicodeDecodeError:
         return key.hex()
-
-
-def apply_writes(store: dict[bytes, bytes], result: FoldResult) -> None:
-    """Apply a fold result's writes to a dict state (replay, tests)."""
-    for key, value in result.writes.items():
-        if value is None:
-            store.pop(key, None)
-        else:
-            store[key] = value

@@ -10,7 +10,7 @@ parent from the events alone, whatever the interceptor that served it knew:
   digest. One verified candidate (or several with identical tokens, collapsed
   to the smallest call id, preferring the claim) is the parent; several
   different ones are ambiguous; none leaves the call a root (no model-authored
-  history) or unresolved. The prompt is then stored as a delta against the
+  history, as the interceptor said) or unresolved. The prompt is then stored as a delta against the
   verified parent, so state and snapshots grow with new tokens only.
 - A delta call: its claim is verified in O(1): the parent exists, its digest is
   the ``parent_digest`` the delta refers to, and the lengths add up. The builder
@@ -28,32 +28,33 @@ from schemas.hashing import compute_digest
 from schemas.records import CallCaptured, ParentResolution
 
 if TYPE_CHECKING:
-    from processors.fold import _Txn
+    from processors.txn import Txn
 
 VERIFIED = "verified"
 RESOLVED_BY_PROCESSOR = "resolved_by_processor"
 ROOT = "root"
 
 
-def decide(txn: _Txn, call: CallCaptured) -> tuple[CallCaptured, str]:
+def decide(txn: Txn, call: CallCaptured) -> tuple[CallCaptured, str]:
     """The call as it is stored (verified lineage, delta prompt) and how that was decided."""
     if call.prompt_is_delta:
         return call, _verify_delta(txn, call)
     return _resolve_full(txn, call)
 
 
-def _verify_delta(txn: _Txn, call: CallCaptured) -> str:
+def _verify_delta(txn: Txn, call: CallCaptured) -> str:
     assert call.parent_call_id is not None  # record invariant: delta => RESOLVED
-    parent = txn.get_call(call.parent_call_id)
+    # A call cannot continue itself; its own body may be in the state when its event is redone.
+    parent = txn.call_head(call.parent_call_id) if call.parent_call_id != call.model_call_id else None
     if parent is None:
         return f"delta_parent_missing:{call.parent_call_id}"
-    expected_len = parent.call.cum_len + len(call.prompt_token_ids) + len(call.generation_token_ids)
-    if parent.call.digest != call.parent_digest or expected_len != call.cum_len:
+    expected_len = parent.cum_len + len(call.prompt_token_ids) + len(call.generation_token_ids)
+    if parent.digest != call.parent_digest or expected_len != call.cum_len:
         return f"delta_parent_mismatch:{call.parent_call_id}"
     return VERIFIED
 
 
-def _resolve_full(txn: _Txn, call: CallCaptured) -> tuple[CallCaptured, str]:
+def _resolve_full(txn: Txn, call: CallCaptured) -> tuple[CallCaptured, str]:
     claimed = call.parent_call_id
     prompt = call.prompt_token_ids
     candidates: dict[str, tuple[int, str]] = {}
@@ -62,9 +63,9 @@ def _resolve_full(txn: _Txn, call: CallCaptured) -> tuple[CallCaptured, str]:
         for entry in index.entries if index else ():
             candidates[entry.call_id] = (entry.cum_len, entry.digest)
     if claimed is not None and claimed not in candidates:
-        parent = txn.get_call(claimed)
+        parent = txn.call_head(claimed)
         if parent is not None:
-            candidates[claimed] = (parent.call.cum_len, parent.call.digest)
+            candidates[claimed] = (parent.cum_len, parent.digest)
     candidates.pop(call.model_call_id, None)
     verified = {
         call_id: key
@@ -91,7 +92,9 @@ def _resolve_full(txn: _Txn, call: CallCaptured) -> tuple[CallCaptured, str]:
         return stored, note
     if len(distinct) > 1:
         reason, note = "ambiguous", f"ambiguous:{','.join(sorted(verified))}"
-    elif not call.request_fingerprint and claimed is None:
+    elif not call.request_fingerprint and claimed is None and call.parent_resolution is ParentResolution.ROOT:
+        # No model-authored history (Gym's ROOT). An event that says UNRESOLVED without a
+        # fingerprint contradicts itself: it stays unresolved (fail closed), never promoted.
         return _as(call, ParentResolution.ROOT, ""), ROOT
     elif claimed is not None:
         reason, note = "parent_digest_mismatch", f"parent_digest_mismatch:claimed={claimed}"

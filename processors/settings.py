@@ -37,6 +37,10 @@ class ProcessorSettings(BaseModel):
     heartbeat_interval_s: float = 1.0
     rebalance_timeout_s: float = 10.0
     commit_interval_s: float = 1.0
+    # Every event writes about four table keys, each a changelog record: a short linger and room in a
+    # batch let them share produce requests (a snapshot send waits at most the linger).
+    producer_linger_s: float = Field(0.005, ge=0)
+    producer_max_batch_bytes: int = Field(1 << 20, ge=16 << 10)
     web_port: int | None = Field(None, description="Faust's web server (metrics); off unless set")
 
     @field_validator("bootstrap")

@@ -3,7 +3,7 @@
 A rollout's state is spread over small keys so that folding one event costs
 O(size of that event), never O(size of the rollout):
 
-    h\\0<rollout>               RolloutHeader   counters, lifecycle, finish payload
+    h\\0<rollout>               RolloutHeader   counters, lifecycle, finish payload, applied position
     c\\0<rollout>\\0<call_id>    StoredCall      one call body, stored once, delta-encoded
     s\\0<rollout>\\0<seq>        call id         enumeration order for the snapshot
     f\\0<rollout>\\0<fp>         FingerprintIndex  calls a child request can continue
@@ -15,18 +15,32 @@ cannot contain NUL (schemas.ids), so keys of different rollouts never collide.
 
 Crash consistency: the fold writes bodies before the header; the header is the
 commit point. A body whose seq is not below the header's ``n_calls`` was
-written by an event whose header write never happened, and is redone.
+written by an event whose header write never happened, and is redone. The
+exception is retirement, which deletes: its tombstone header goes first (with
+the counts kept), and its deletes are redone when it is redelivered.
+
+Hot path: a ``StoredCall`` is the published ``CallCaptured`` body bytes behind
+a small prefix (seq, payload digest, late flag, lineage note, and copies of the
+call's cum_len, digest and continuation fingerprint).
+``encode_stored_call`` writes that prefix by hand and appends the body bytes
+unchanged, and ``read_stored_call_head`` reads the prefix without decoding the
+token arrays; both produce and accept exactly what ``call_codec()`` does (a
+test pins the byte equality), so the state stays plain Avro.
 """
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass, field
 from functools import cache
 
-from schemas.codec import RecordCodec, register_nested
+import fastavro
+
+from schemas.codec import MAGIC, RecordCodec, register_nested, to_avro
 from schemas.records import CallCaptured, CallIncomplete, RolloutFinished
 
 STATE_SCHEMA_VERSION = 1
+_HEADER_LEN = 10  # magic + 8-byte schema fingerprint
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,6 +59,9 @@ class RolloutHeader:
     finished: RolloutFinished | None = None
     retired: bool = False
     writes_after_retire: int = 0
+    incomplete_digests: list[str] = field(default_factory=list)
+    applied_partition: int = -1
+    applied_offset: int = -1
     schema_version: int = STATE_SCHEMA_VERSION
 
     @property
@@ -59,6 +76,23 @@ class StoredCall:
     call: CallCaptured
     late: bool = False
     lineage_note: str = ""
+    cum_len: int = 0
+    digest: str = ""
+    continuation_fingerprint: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCallHead:
+    """The prefix of a stored call, read without decoding its token arrays."""
+
+    seq: int
+    payload_digest: str
+    late: bool
+    lineage_note: str
+    cum_len: int
+    digest: str
+    continuation_fingerprint: str
+    body: memoryview  # the CallCaptured Avro body bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,3 +163,82 @@ def incomplete_key(rollout_id: str, seq: int) -> bytes:
 def rollout_of_key(key: bytes) -> str:
     """The rollout id a state key belongs to."""
     return key[2:].split(b"\x00", 1)[0].decode()
+
+
+# ---------------------------------------------------------------- Avro by hand (hot path)
+
+def avro_long(n: int) -> bytes:
+    """Avro int/long: zig-zag varint."""
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def avro_string(s: str) -> bytes:
+    raw = s.encode()
+    return avro_long(len(raw)) + raw
+
+
+def read_long(data: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """One zig-zag varint at ``pos``: (value, next position)."""
+    shift = result = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+
+
+def read_string(data: bytes | memoryview, pos: int) -> tuple[str, int]:
+    length, pos = read_long(data, pos)
+    return bytes(data[pos : pos + length]).decode(), pos + length
+
+
+@cache
+def _call_schema() -> object:
+    # The CallCaptured schema as StoredCall (and Snapshot) embed it: one parse, one source of truth.
+    for f in call_codec().schema["fields"]:
+        if f["name"] == "call":
+            return f["type"]
+    raise AssertionError("StoredCall.avsc has no call field")
+
+
+def encode_call_body(call: CallCaptured) -> bytes:
+    """The Avro body bytes of a call (what an event carries after its union branch)."""
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, _call_schema(), to_avro(call))
+    return buf.getvalue()
+
+
+def encode_stored_call(
+    *, seq: int, payload_digest: str, late: bool, lineage_note: str, call: CallCaptured, body: bytes
+) -> bytes:
+    """``call_codec().encode(StoredCall(...))`` without re-encoding ``call``: its ``body`` bytes are appended."""
+    return b"".join((
+        MAGIC, call_codec().fingerprint, avro_long(seq), avro_string(payload_digest), b"\x01" if late else b"\x00",
+        avro_string(lineage_note), avro_long(call.cum_len), avro_string(call.digest),
+        avro_string(call.continuation_fingerprint), body,
+    ))
+
+
+def read_stored_call_head(data: bytes) -> StoredCallHead:
+    """The prefix of a stored call; values from an older writer schema are decoded and re-encoded."""
+    if data[2:_HEADER_LEN] != call_codec().fingerprint:
+        old = call_codec().decode(data)
+        data = encode_stored_call(seq=old.seq, payload_digest=old.payload_digest, late=old.late,
+                                  lineage_note=old.lineage_note, call=old.call, body=encode_call_body(old.call))
+    view = memoryview(data)
+    seq, pos = read_long(view, _HEADER_LEN)
+    payload_digest, pos = read_string(view, pos)
+    late = view[pos] == 1
+    note, pos = read_string(view, pos + 1)
+    cum_len, pos = read_long(view, pos)
+    digest, pos = read_string(view, pos)
+    fingerprint, pos = read_string(view, pos)
+    return StoredCallHead(seq, payload_digest, late, note, cum_len, digest, fingerprint, view[pos:])

@@ -18,7 +18,8 @@ FRAMEWORKS = ("faust", "mode", "confluent_kafka", "aiokafka", "starlette", "http
 def _pure_modules() -> list[str]:
     schemas = [f"schemas.{m.name}" for m in pkgutil.iter_modules([str(REPO / "schemas")])]
     rebuild = [f"consumers.rebuild.{m.name}" for m in pkgutil.iter_modules([str(REPO / "consumers" / "rebuild")])]
-    return ["schemas", *schemas, "processors.fold", "processors.lineage", "processors.state", "consumers.rebuild", *rebuild]
+    return ["schemas", *schemas, "processors.fold", "processors.lineage", "processors.state", "processors.txn",
+            "processors.snapshot", "consumers.rebuild", *rebuild]
 
 
 @pytest.mark.parametrize("module", _pure_modules())

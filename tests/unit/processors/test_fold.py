@@ -49,6 +49,17 @@ def test_fold_verifies_claims_resolves_cold_calls_and_stores_deltas():
     assert not snap.incomplete
 
 
+def test_an_unresolved_call_without_a_fingerprint_is_never_promoted_to_root():
+    # Self-contradictory evidence (UNRESOLVED, yet no model-authored history): fail closed.
+    odd = make_call([1, 2, 3], [10], call_id="d" * 32, resolution=ParentResolution.UNRESOLVED)
+    root = make_call([1, 2, 3], [10], call_id="e" * 32)
+    _, (snap,), _ = run([event(R, odd), event(R, root), event(R, finished())])
+    calls = {sc.call.model_call_id: sc for sc in snap.calls}
+    assert calls[odd.model_call_id].call.parent_resolution is ParentResolution.UNRESOLVED
+    assert calls[odd.model_call_id].lineage_note.startswith("unresolved:")
+    assert calls[root.model_call_id].call.parent_resolution is ParentResolution.ROOT
+
+
 def test_duplicates_change_nothing_and_give_the_same_snapshot_bytes():
     c1, c2, c3 = three_turns()
     evs = [event(R, c1), event(R, c2), event(R, c3), event(R, finished())]

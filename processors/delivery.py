@@ -1,0 +1,230 @@
+"""What the Faust shell needs beyond Faust to be at-least-once and in order (used by ``processors.app``).
+
+Three gaps in faust-streaming 0.15.3, each seen in this project's worker tests:
+
+- Commits ahead of the changelog. Faust writes a table key to RocksDB at once
+  and hands its changelog record to a send buffer; before committing source
+  offsets it flushes that buffer, but the flush gives up after 0.1 s with
+  records still queued, so under load an event whose changelog records Kafka
+  never got can be committed (and a crash then loses them). ``DirectChangelogTable``
+  keeps Faust's table (local RocksDB, recovery from the changelog on
+  assignment) but collects each write's changelog record for the agent to
+  produce itself; ``OrderedAcker`` acks events (the stream runs ``noack``) in
+  processing order, each once Kafka has its changelog records and outputs.
+  It is also the faster path: Faust's per-record buffer, future and
+  persisted-offset write were most of a busy worker's time.
+- Holes after a rebalance. Around recovery, Faust's stream drops some fetched
+  events (flow suspended, or a generation check) without processing or acking
+  them, and its fetcher has moved past them; later events of the partition
+  are processed, so a rollout silently misses a call. ``OffsetGuard`` admits
+  each partition's events only in offset order from the committed offset and,
+  on a hole, seeks the consumer back to it and lets nothing past it through;
+  a watch finds holes at a partition's tail once the stream is quiet.
+- Commits over holes. Faust treats jumps in fetched offsets as gaps to commit
+  over (meant for compacted or transactional topics); rollout-events is
+  neither, so ``ProcessorApp`` switches that off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import faust
+from faust.tables.table import Table
+from faust.types import TP
+
+log = logging.getLogger("tokentrail.processor")
+
+
+class DirectChangelogTable(Table):
+    """A faust Table whose changelog records are collected for the caller to produce."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._records: list[tuple[int, bytes, bytes | None]] = []
+
+    def on_key_set(self, key: Any, value: Any) -> None:
+        self._records.append((self._partition(key), key, value))
+
+    def on_key_del(self, key: Any) -> None:
+        self._records.append((self._partition(key), key, None))
+
+    def _partition(self, key: Any) -> int:
+        partition = self.partition_for_key(key)  # the current event's partition: tables are co-partitioned
+        if partition is None or not isinstance(key, bytes):
+            raise TypeError(f"{self.name} takes raw bytes keys, written from the agent only")
+        return partition
+
+    def take_changelog(self) -> list[tuple[int, bytes, bytes | None]]:
+        records, self._records = self._records, []
+        return records
+
+    async def produce_changelog(self, records: list[tuple[int, bytes, bytes | None]]) -> list[asyncio.Future]:
+        """Hand the records to the producer in order; the futures resolve when Kafka has them."""
+        topic = self.changelog_topic.get_topic_name()
+        send = self.app.producer.send
+        return [await send(topic, key, value, partition, None, None) for partition, key, value in records]
+
+    def mark_persisted(self, futures: list[asyncio.Future]) -> None:
+        """Remember the changelog offsets Kafka acknowledged, so a clean restart recovers from there."""
+        last: dict[int, int] = {}
+        for fut in futures:
+            meta = fut.result()
+            last[meta.partition] = max(meta.offset, last.get(meta.partition, -1))
+        topic = self.changelog_topic.get_topic_name()
+        for partition, offset in last.items():
+            self.data.set_persisted_offset(TP(topic, partition), offset)
+
+
+class OrderedAcker:
+    """Acks events in the order they were processed, each once all it sent is acknowledged by Kafka.
+
+    Outputs (snapshots, dead letters) are also tracked per record key, which is
+    the rollout: ``settle`` waits for a rollout's outputs before the agent folds
+    its next event, so a state change never overtakes the snapshot of the freeze
+    before it (what lets a redelivered finish decide whether it still owes its
+    snapshot), while other rollouts go on.
+    """
+
+    def __init__(self, app: faust.App, table: DirectChangelogTable, limit: int = 2000) -> None:
+        self._app, self._table = app, table
+        self._queue: asyncio.Queue = asyncio.Queue(limit)  # bounds the events in flight
+        self._task: asyncio.Task | None = None
+        self._outputs: dict[bytes | None, list[asyncio.Future]] = {}
+        self._in_flight = 0
+
+    @property
+    def idle(self) -> bool:
+        """True when every submitted event is acked."""
+        return self._in_flight == 0
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def settle(self, key: bytes | None) -> None:
+        """Wait until the outputs of this key's earlier events are acknowledged."""
+        for fut in self._outputs.pop(key, ()):
+            await fut
+
+    async def submit(self, event: Any, changelog: list[asyncio.Future], outputs: list[asyncio.Future]) -> None:
+        if self._task is not None and self._task.done():
+            self._task.result()  # a write failed: stop here, the events come again
+        if outputs:
+            self._outputs[event.key] = outputs
+        self._in_flight += 1
+        await self._queue.put((event, changelog, outputs))
+
+    async def _run(self) -> None:
+        while True:
+            event, changelog, outputs = await self._queue.get()
+            try:
+                for fut in (*changelog, *outputs):
+                    await fut
+            except Exception as exc:
+                log.error("Kafka did not acknowledge a write (%r): stopping, the events are redelivered", exc)
+                await self._app.crash(exc)
+                raise
+            self._table.mark_persisted(changelog)
+            if outputs and self._outputs.get(event.key) is outputs:
+                del self._outputs[event.key]
+            event.ack()
+            self._in_flight -= 1
+
+
+class OffsetGuard:
+    """Admits each partition's events in offset order without holes; rewinds the consumer over holes.
+
+    After a rebalance (a new consumer generation) a partition restarts at its
+    committed offset, so that is the first offset expected; an event beyond the
+    expected offset means Faust dropped the ones between: the consumer is sought
+    back to the hole and nothing of that partition is admitted until the hole's
+    first event arrives. An event below it is a redelivery, which the fold
+    recognises and turns into a no-op. The log start moving past the committed
+    offset (retention) is not a hole. Nothing past a hole is ever acked, so
+    commits never pass it either: a hole costs time, never an event.
+
+    A watch task repeats the seeks once a second (records Faust had already
+    fetched keep arriving after a seek, each moving its read offset forward,
+    past which it would drop the re-fetched hole) and, while the stream is
+    quiet, rewinds any partition whose log end is beyond what was admitted: a
+    hole at the tail has no later event to reveal it.
+    """
+
+    def __init__(self, app: faust.App, topic: str, reseek_s: float = 1.0) -> None:
+        self._app, self._topic = app, topic
+        self._generation: int | None = None
+        self._next: dict[TP, int] = {}
+        self._rewinding: dict[TP, int] = {}
+        self._reseek_s = reseek_s
+        self._last_event = time.monotonic()
+        self._task: asyncio.Task | None = None
+        self.rewinds = 0
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._watch())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def admit(self, event: Any) -> bool:
+        message = event.message
+        if not message.generation_id:
+            return True  # not from a consumer group (agent test context)
+        self._last_event = time.monotonic()
+        if message.generation_id != self._generation:
+            self._generation = message.generation_id
+            self._next.clear()
+            self._rewinding.clear()
+        tp, offset = message.tp, message.offset
+        expected = self._expected(tp)
+        if offset > expected and tp not in self._rewinding:
+            earliest = (await self._app.consumer.earliest_offsets(tp)).get(tp, 0)
+            expected = max(expected, earliest)
+            if offset > expected:
+                self._rewind(tp, expected, f"the stream skipped offsets {expected}..{offset - 1}")
+        if offset > expected:
+            await self._app.consumer.seek(tp, expected)
+            # Not acked: its offset must not become committable. Released, so rebalances do not wait for it.
+            message.acked = True
+            self._app.consumer._unacked_messages.discard(message)
+            return False
+        self._rewinding.pop(tp, None)
+        self._next[tp] = max(expected, offset + 1)
+        return True
+
+    def _expected(self, tp: TP) -> int:
+        """The next offset this partition owes: where it left off, else its committed offset."""
+        if tp in self._next:
+            return self._next[tp]
+        return self._app.consumer._committed_offset.get(tp) or 0
+
+    def _rewind(self, tp: TP, offset: int, why: str) -> None:
+        log.warning("partition %s: %s; rewinding to %d", tp.partition, why, offset)
+        self.rewinds += 1
+        self._rewinding[tp] = self._next[tp] = offset
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self._reseek_s)
+            try:
+                await self._check()
+            except Exception as exc:  # e.g. no consumer during a rebalance: the next round retries
+                log.warning("offset guard: %r", exc)
+
+    async def _check(self) -> None:
+        consumer = self._app.consumer
+        if time.monotonic() - self._last_event >= self._reseek_s:
+            for tp in consumer.assignment():
+                end = consumer.highwater(tp) if tp.topic == self._topic else None
+                if end is not None and tp not in self._rewinding and end > self._expected(tp):
+                    self._rewind(tp, self._expected(tp), f"the stream stopped below the log end {end}")
+        for tp, offset in list(self._rewinding.items()):
+            await consumer.seek(tp, offset)
