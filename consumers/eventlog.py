@@ -126,8 +126,15 @@ class EventLog:
         while producers keep writing; anything acknowledged before the call is
         included.
         """
-        key = key_for(rollout_id)
-        partition = self.partition_of(rollout_id)
+        yield from self._scan(self.partition_of(rollout_id), key_for(rollout_id), from_offset, from_time_ms)
+
+    def partition_events(self, partition: int, *, from_time_ms: int | None = None) -> Iterator[LoggedEvent]:
+        """Every record of one partition (all rollouts), from a time (or the beginning) to the high watermark."""
+        yield from self._scan(partition, None, None, from_time_ms)
+
+    def _scan(self, partition: int, key: bytes | None, from_offset: int | None,
+              from_time_ms: int | None) -> Iterator[LoggedEvent]:
+        """Records of ``partition`` (only ``key``'s, when given) from the later of the offset and the time."""
         tp = confluent_kafka.TopicPartition(self.topic, partition)
         try:
             low, high = self._consumer.get_watermark_offsets(tp, timeout=self.timeout_s, cached=False)
@@ -143,26 +150,6 @@ class EventLog:
         self._consumer.assign([confluent_kafka.TopicPartition(self.topic, partition, start)])
         try:
             yield from self._read(key, partition, high)
-        finally:
-            self._consumer.unassign()
-
-    def partition_events(self, partition: int, *, from_time_ms: int | None = None) -> Iterator[LoggedEvent]:
-        """Every record of one partition (all rollouts), from a time (or the beginning) to the high watermark."""
-        tp = confluent_kafka.TopicPartition(self.topic, partition)
-        try:
-            low, high = self._consumer.get_watermark_offsets(tp, timeout=self.timeout_s, cached=False)
-            start = low
-            if from_time_ms is not None:
-                (found,) = self._consumer.offsets_for_times(
-                    [confluent_kafka.TopicPartition(self.topic, partition, from_time_ms)], timeout=self.timeout_s)
-                start = max(low, found.offset if found.offset >= 0 else high)
-        except confluent_kafka.KafkaException as exc:
-            raise TransportError(f"cannot read offsets of {self.topic}[{partition}]: {exc}") from exc
-        if start >= high:
-            return
-        self._consumer.assign([confluent_kafka.TopicPartition(self.topic, partition, start)])
-        try:
-            yield from self._read(None, partition, high)
         finally:
             self._consumer.unassign()
 

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from consumers.rebuild.rules import RebuildRules
 from schemas.errors import ConfigError
-from schemas.topics import TopicNames
+from schemas.topics import TopicNames, check_bootstrap
+
+Bootstrap = Annotated[str, AfterValidator(check_bootstrap)]
 
 
 class ConsumerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    bootstrap: str
+    bootstrap: Bootstrap
     group_id: str = "tokentrail-consumer"
     topics: TopicNames = TopicNames()
     sink: str = Field("jsonl", description="'jsonl', 'kafka' or module:Class of a TrainerSink")
@@ -29,13 +31,6 @@ class ConsumerSettings(BaseModel):
     shutdown_grace_s: float = Field(10.0, ge=0.0, description="How long stop waits for pending deliveries")
     poll_timeout_s: float = 0.5
     session_timeout_ms: int = 10_000
-
-    @field_validator("bootstrap")
-    @classmethod
-    def _bootstrap(cls, value: str) -> str:
-        if not value or any(":" not in part for part in value.split(",")):
-            raise ValueError(f"bootstrap must be host:port[,host:port], got {value!r}")
-        return value
 
     @field_validator("rules")
     @classmethod

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from schemas.topics import DEFAULT_PARTITIONS, TopicNames
+from schemas.topics import DEFAULT_PARTITIONS, TopicNames, check_bootstrap
+
+Bootstrap = Annotated[str, AfterValidator(check_bootstrap)]
 
 
 class RocksDBMemory(BaseModel):
@@ -26,7 +29,7 @@ class RocksDBMemory(BaseModel):
 class ProcessorSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    bootstrap: str
+    bootstrap: Bootstrap
     data_dir: Path = Field(Path(".tokentrail/processor"), description="Per-worker RocksDB directory (one per process)")
     app_id: str = Field("tokentrail-processor", description="Consumer group id and changelog topic prefix")
     partitions: int = Field(DEFAULT_PARTITIONS, ge=1)
@@ -42,10 +45,3 @@ class ProcessorSettings(BaseModel):
     producer_linger_s: float = Field(0.005, ge=0)
     producer_max_batch_bytes: int = Field(1 << 20, ge=16 << 10)
     web_port: int | None = Field(None, description="Faust's web server (metrics); off unless set")
-
-    @field_validator("bootstrap")
-    @classmethod
-    def _bootstrap(cls, value: str) -> str:
-        if not value or any(":" not in part for part in value.split(",")):
-            raise ValueError(f"bootstrap must be host:port[,host:port], got {value!r}")
-        return value

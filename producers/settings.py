@@ -7,18 +7,20 @@ disables capture). Secrets come from the environment, never from flags.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from schemas.topics import TopicNames
+from schemas.topics import TopicNames, check_bootstrap
+
+Bootstrap = Annotated[str, AfterValidator(check_bootstrap)]
 
 
 class InterceptorSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     upstream_url: str = Field(description="OpenAI-compatible model server, e.g. http://127.0.0.1:8000")
-    bootstrap: str = Field(description="Kafka bootstrap servers, host:port[,host:port]")
+    bootstrap: Bootstrap = Field(description="Kafka bootstrap servers, host:port[,host:port]")
     host: str = "127.0.0.1"
     port: int = 8080
     topics: TopicNames = TopicNames()
@@ -53,13 +55,6 @@ class InterceptorSettings(BaseModel):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"upstream_url must be an http(s) URL, got {value!r} (e.g. http://127.0.0.1:8000)")
         return value.rstrip("/")
-
-    @field_validator("bootstrap")
-    @classmethod
-    def _bootstrap(cls, value: str) -> str:
-        if not value or any(":" not in part for part in value.split(",")):
-            raise ValueError(f"bootstrap must be host:port[,host:port], got {value!r}")
-        return value
 
     @field_validator("sampling_overrides")
     @classmethod

@@ -49,3 +49,10 @@ def topic_names(prefix: str = "") -> TopicNames:
         rebuilt=prefix + base.rebuilt,
         deadletter=prefix + base.deadletter,
     )
+
+
+def check_bootstrap(value: str) -> str:
+    """A Kafka bootstrap list, ``host:port[,host:port]``; ValueError naming the value otherwise."""
+    if not value or any(":" not in part for part in value.split(",")):
+        raise ValueError(f"bootstrap must be host:port[,host:port], got {value!r}")
+    return value
