@@ -43,14 +43,15 @@ _NOT_SENT = {confluent_kafka.KafkaError._TIMED_OUT_QUEUE, confluent_kafka.KafkaE
 _PERMANENT = {confluent_kafka.KafkaError.MSG_SIZE_TOO_LARGE, confluent_kafka.KafkaError._INVALID_ARG}
 
 
-def producer_config(bootstrap: str, *, linger_ms: float = 1.0, delivery_timeout_ms: int = 30_000) -> dict[str, Any]:
+def producer_config(bootstrap: str, *, linger_ms: float = 1.0, delivery_timeout_ms: int = 30_000,
+                    max_message_bytes: int = MAX_MESSAGE_BYTES) -> dict[str, Any]:
     return {
         "bootstrap.servers": bootstrap,
         "enable.idempotence": True,
         "acks": "all",
         "partitioner": PRODUCER_PARTITIONER,
         "linger.ms": linger_ms,
-        "message.max.bytes": MAX_MESSAGE_BYTES,
+        "message.max.bytes": max_message_bytes,
         "delivery.timeout.ms": delivery_timeout_ms,
         "request.timeout.ms": min(delivery_timeout_ms, 30_000),
         "compression.type": "none",
@@ -70,6 +71,7 @@ class KafkaPublisher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="kafka-publisher-poll", daemon=True)
         self._thread.start()
+        self.closed = False
 
     def _poll(self) -> None:
         while not self._stop.is_set():
@@ -77,6 +79,8 @@ class KafkaPublisher:
 
     async def publish_raw(self, topic: str, key: bytes, value: bytes) -> tuple[int, int]:
         """Produce one record; return (partition, offset) once acknowledged by all in-sync replicas."""
+        if self.closed:  # no poll thread would ever resolve the ack
+            raise PublishFailed(f"the producer for {topic} is closed", possibly_persisted=False, permanent=True)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[int, int]] = loop.create_future()
 
@@ -111,7 +115,12 @@ class KafkaPublisher:
         return await self.publish_raw(topic, key_for(event.rollout_id), encode_event(event))
 
     async def close(self, timeout_s: float = 30.0) -> int:
-        """Flush what is queued (returns how many records were left unflushed) and stop the poll thread."""
+        """Flush what is queued (returns how many records were left unflushed) and stop the poll thread.
+
+        Idempotent: a second call returns 0."""
+        if self.closed:
+            return 0
+        self.closed = True
         loop = asyncio.get_running_loop()
         left = await loop.run_in_executor(None, self._producer.flush, timeout_s)
         self._stop.set()
