@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from consumers.eventlog import EventLog
+from consumers.kafka_sink import AckedProducer
 from processors.fold import apply_writes, fold_raw
 from processors.state import header_codec, header_key
-from producers.publisher import KafkaPublisher, producer_config
 from schemas.codec import encode_event
 from schemas.errors import ContractError
 from schemas.hashing import FINGERPRINT_VERSION, assistant_fingerprint, compute_digest, conversation_prefix_digests
@@ -150,17 +150,17 @@ class _Client:
 
     def __init__(self, bootstrap: str, topic: str, source: str) -> None:
         self.bootstrap, self.topic, self.source = bootstrap, topic, source
-        self._producer: KafkaPublisher | None = None
+        self._producer: AckedProducer | None = None
         self._log: EventLog | None = None
         self._log_lock = asyncio.Lock()
 
     async def publish(self, rollout_id: str, body: Any) -> str:
         validate_rollout_id(rollout_id)
         if self._producer is None:
-            self._producer = KafkaPublisher(producer_config(self.bootstrap))
+            self._producer = AckedProducer(self.bootstrap)
         event = RolloutEvent(event_id=new_event_id(), rollout_id=rollout_id, emitted_at=time.time_ns() // 1000,
                              source=self.source, body=body)
-        await self._producer.publish_raw(self.topic, key_for(rollout_id), encode_event(event))
+        await self._producer.produce(self.topic, key_for(rollout_id), encode_event(event))
         return event.event_id
 
     async def read(self, fn: Callable[[Iterator[Any]], Any], rollout_id: str) -> Any:

@@ -11,22 +11,29 @@ A record larger than the topic's limit (the projection grows with calls x
 tokens) is sent without its projection, with a warning; the compact trajectory
 is always there. A record still too large fails ``deliver`` with the size.
 
-Records are produced with the interceptor's ``KafkaPublisher`` (also used by the
-NeMo Gym adapters): confluent-kafka's synchronous ``Producer`` plus a poll
-thread that resolves asyncio futures (``reference/stack.md`` §3).
+``AckedProducer`` (also used by the NeMo Gym adapters) is confluent-kafka's
+synchronous ``Producer`` plus a poll thread that resolves asyncio futures
+(``reference/stack.md`` §3: about a millisecond per acknowledged record).
+It is the consumer side's twin of ``producers.publisher.KafkaPublisher``: the
+runtime packages share only ``schemas`` (ARCHITECTURE §3), so each deployable
+carries its own 40-line bridge rather than importing the other.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+import threading
 from collections import OrderedDict
+from typing import Any
 
-from producers.publisher import KafkaPublisher, producer_config
+import confluent_kafka
+
 from schemas.codec import encode_rebuilt
 from schemas.errors import TransportError
 from schemas.records import RebuiltRollout
-from schemas.topics import MAX_MESSAGE_BYTES, REBUILT, key_for
+from schemas.topics import MAX_MESSAGE_BYTES, PRODUCER_PARTITIONER, REBUILT, key_for
 
 log = logging.getLogger("tokentrail.consumer.kafka_sink")
 
@@ -50,14 +57,14 @@ class KafkaSink:
         self._limit = max_message_bytes - _HEADROOM
         self.projections_dropped = 0
         self._recent: OrderedDict[tuple[str, int], None] = OrderedDict()
-        self._producer = KafkaPublisher(producer_config(
-            bootstrap, delivery_timeout_ms=int(delivery_timeout_s * 1000), max_message_bytes=max_message_bytes))
+        self._producer = AckedProducer(bootstrap, delivery_timeout_s=delivery_timeout_s,
+                                       max_message_bytes=max_message_bytes)
 
     async def deliver(self, rollout: RebuiltRollout) -> None:
         identity = (rollout.snapshot_id, rollout.version)
         if identity in self._recent:
             return
-        await self._producer.publish_raw(self.topic, key_for(rollout.rollout_id), self._encode(rollout))
+        await self._producer.produce(self.topic, key_for(rollout.rollout_id), self._encode(rollout))
         self._recent[identity] = None
         while len(self._recent) > _RECENT:
             self._recent.popitem(last=False)
@@ -78,3 +85,67 @@ class KafkaSink:
 
     async def close(self) -> None:
         await self._producer.close()
+
+
+class AckedProducer:
+    """``await produce(topic, key, value)`` returns ``(partition, offset)`` once acknowledged by all in-sync replicas."""
+
+    def __init__(self, bootstrap: str, *, delivery_timeout_s: float = 30.0,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        try:
+            self._producer = confluent_kafka.Producer({
+                "bootstrap.servers": bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+                "partitioner": PRODUCER_PARTITIONER,
+                "linger.ms": 1,
+                "message.max.bytes": max_message_bytes,
+                "delivery.timeout.ms": int(delivery_timeout_s * 1000),
+                "request.timeout.ms": int(min(delivery_timeout_s, 30.0) * 1000),
+            })
+        except confluent_kafka.KafkaException as exc:
+            raise TransportError(f"cannot create the Kafka producer for {bootstrap}: {exc}") from exc
+        self._stop = threading.Event()
+        self._poller = threading.Thread(target=self._poll, name="tokentrail-acked-producer", daemon=True)
+        self._poller.start()
+        self.closed = False
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(0.05)  # delivery callbacks run on this thread
+
+    async def produce(self, topic: str, key: bytes, value: bytes) -> tuple[int, int]:
+        if self.closed:
+            raise TransportError(f"the producer for {topic} is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[tuple[int, int]] = loop.create_future()
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            def resolve() -> None:
+                if future.done():
+                    return
+                if err is not None:
+                    future.set_exception(TransportError(f"{topic} did not acknowledge the record: {err}"))
+                else:
+                    future.set_result((msg.partition(), msg.offset()))
+
+            loop.call_soon_threadsafe(resolve)
+
+        while True:
+            try:
+                self._producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+                break
+            except BufferError:
+                await asyncio.sleep(0.005)  # local queue full: wait for acknowledgements
+            except (confluent_kafka.KafkaException, ValueError) as exc:
+                raise TransportError(f"cannot produce to {topic}: {exc}") from exc
+        return await future
+
+    async def close(self) -> None:
+        """Idempotent. Every ``produce`` already awaited its ack, so there is nothing to flush."""
+        if self.closed:
+            return
+        self.closed = True
+        await asyncio.to_thread(self._producer.flush, 5)
+        self._stop.set()
+        await asyncio.to_thread(self._poller.join, 5)
