@@ -14,7 +14,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from consumers.replay import ReplayResult
-from schemas.records import CallCaptured, CallIncomplete, RebuiltRollout, RetireRequested, RolloutFinished, Snapshot
+from schemas.records import (
+    CallCaptured, CallIncomplete, CallStarted, RebuiltRollout, RetireRequested, RolloutFinished, Snapshot,
+)
 
 
 def explain(result: ReplayResult) -> str:
@@ -77,6 +79,8 @@ def _describe(event: Any) -> str:
         return f"CallIncomplete {_short(body.model_call_id)} {body.reason}"
     if isinstance(body, RolloutFinished):
         return f"RolloutFinished attempt {body.attempt}"
+    if isinstance(body, CallStarted):
+        return f"CallStarted {_short(body.model_call_id)} (intent)"
     if isinstance(body, RetireRequested):
         return f"RetireRequested {body.snapshot_id[:8]} v{body.version} by {body.consumer or '?'}"
     return type(body).__name__

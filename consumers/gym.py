@@ -19,9 +19,12 @@ take or return Gym ``TokenEntry``-shaped records (a mapping, or any object with
 - ``drop`` publishes ``RetireRequested(snapshot_id, version)`` and reads back
   whether the fold retired the rollout: False when the state changed since.
 
-Not supported: Gym's optional ``begin_call`` intent (the event contract has no
-intent event), and delta entries whose parent was not put through this process
-and cannot be found in the log.
+- ``begin_call`` (Gym's optional intent) publishes a ``CallStarted`` before the
+  call is dispatched; a freeze with an intent and no ``put`` for that call is
+  incomplete (``intent_without_capture``).
+
+Not supported: delta entries whose parent was not put through this process and
+cannot be found in the log.
 """
 
 from __future__ import annotations
@@ -42,16 +45,14 @@ from schemas.errors import ContractError
 from schemas.hashing import FINGERPRINT_VERSION, assistant_fingerprint, compute_digest, conversation_prefix_digests
 from schemas.ids import new_event_id, validate_rollout_id
 from schemas.records import (
-    CallCaptured, CallFacts, CallIncomplete, ParentResolution, RetireRequested, RolloutEvent, RolloutFinished,
+    CallCaptured, CallFacts, CallIncomplete, CallStarted, ParentResolution, RetireRequested, RolloutEvent,
+    RolloutFinished,
 )
 from schemas.topics import ROLLOUT_EVENTS, key_for
 
 GYM_SCHEMA_VERSION = 5
 GYM_ROUTE = "/gym/token-capture"
 MARKED_INCOMPLETE = "marked_incomplete"
-# A Gym UNRESOLVED entry carries no request fingerprint; this one matches no call, so the
-# fold keeps the entry UNRESOLVED instead of reading "no model history" as a ROOT.
-_UNRESOLVED_FINGERPRINT = "gym-unresolved"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +114,7 @@ def entry_to_call(entry: Mapping[str, Any], parent_digest: str = "") -> CallCapt
         parent_call_id=entry.get("parent_call_id"), parent_resolution=resolution,
         parent_resolution_reason=str(entry.get("parent_resolution_reason", "")),
         cum_len=int(cum_len), digest=str(digest), parent_digest=parent_digest,
-        request_fingerprint=_UNRESOLVED_FINGERPRINT if resolution is ParentResolution.UNRESOLVED else "",
+        # Gym entries carry no request fingerprint; the fold keeps an UNRESOLVED one unresolved.
         continuation_fingerprint=str(entry.get("continuation_fingerprint", "")),
         continuation_context_len=int(entry.get("continuation_context_len", 0)),
         continuation_context_digest=str(entry.get("continuation_context_digest", "")),
@@ -217,6 +218,10 @@ class TokenSink:
                                     "never put: put the parent first, or put the full prompt")
             known = parent.digest
         return known
+
+    async def begin_call(self, rollout_id: str, model_call_id: str) -> None:
+        """Gym's optional pre-dispatch intent: durable when it returns; raises (failing the call) otherwise."""
+        await self._client.publish(rollout_id, CallStarted(model_call_id=model_call_id, created_at=time.time()))
 
     async def mark_incomplete(self, rollout_id: str, model_call_id: str = "") -> None:
         marker = CallIncomplete(reason=MARKED_INCOMPLETE, model_call_id=model_call_id or None,

@@ -23,6 +23,9 @@ Guarantees:
   writes its tombstone first and redoes its deletes when redelivered.
 - Lineage: every parent claim is verified and calls that arrived unresolved are
   resolved from the events alone (``processors.lineage``). Nothing is guessed.
+- Custody: a CallStarted intent (Gym's ``begin_call``) whose call has no
+  CallCaptured when the rollout is frozen makes the snapshot incomplete
+  (``intent_without_capture``); a later capture of that call clears it.
 - Lifecycle: RolloutFinished freezes (re-freezing an unchanged rollout with the
   same payload re-emits the same snapshot identity; snapshot ids are derived
   from rollout id and version); every state change bumps the version; writes
@@ -52,13 +55,15 @@ from processors.state import (
     incomplete_codec,
     incomplete_key,
     index_codec,
+    intent_call_key,
+    intent_key,
     seq_key,
 )
 from processors.txn import DeadLetter, FoldResult, Position, StateReader, StateReadError, Txn, apply_writes
 from schemas.codec import decode_event, encode_event, event_body_bytes
 from schemas.errors import CodecError, ContractError
 from schemas.ids import validate_rollout_id
-from schemas.records import CallCaptured, CallIncomplete, RetireRequested, RolloutEvent, RolloutFinished
+from schemas.records import CallCaptured, CallIncomplete, CallStarted, RetireRequested, RolloutEvent, RolloutFinished
 
 __all__ = ["CONFLICTING_PAYLOAD", "DeadLetter", "FoldResult", "StateReadError", "StateReader", "apply_writes", "fold",
            "fold_raw", "snapshot_id_for"]
@@ -112,6 +117,8 @@ def fold(
         _fold_finished(txn, event, msg)
     elif isinstance(msg, RetireRequested):
         _fold_retire(txn, msg)
+    elif isinstance(msg, CallStarted):
+        _fold_started(txn, msg)
     return txn.commit()
 
 
@@ -204,6 +211,28 @@ def _fold_incomplete(txn: Txn, event_id: str, marker: CallIncomplete, digest: st
     )
 
 
+def _fold_started(txn: Txn, intent: CallStarted) -> None:
+    """Record a pre-dispatch intent; the snapshot reports it while no capture of that call exists."""
+    header, rid, call_id = txn.header, txn.rollout_id, intent.model_call_id
+    seen = txn.get(intent_call_key(rid, call_id))
+    if seen is not None and int.from_bytes(seen, "big") < header.n_started:
+        txn.result.notes.append(f"duplicate intent for call {call_id}")
+        return
+    captured = txn.call_head(call_id)
+    if captured is not None and captured.seq < header.n_calls:
+        txn.result.notes.append(f"intent for call {call_id}, already captured")
+        return
+    seq = header.n_started
+    txn.put(intent_key(rid, seq), call_id.encode())
+    txn.put(intent_call_key(rid, call_id), seq.to_bytes(4, "big"))
+    txn.header = dataclasses.replace(
+        header,
+        n_started=seq + 1,
+        version=header.version + 1,
+        late_writes=header.late_writes + (1 if header.frozen else 0),
+    )
+
+
 def _fold_finished(txn: Txn, event: RolloutEvent, finished: RolloutFinished) -> None:
     header = txn.header
     if header.frozen and not header.changed_since_freeze and header.finished == finished:
@@ -255,6 +284,7 @@ def _fold_retire(txn: Txn, retire: RetireRequested) -> None:
         snapshot_id=header.snapshot_id,
         frozen_at=header.frozen_at,
         retired=True,
+        n_started=header.n_started,
     )
     txn.header_first = True
     _sweep(txn, header)
@@ -274,6 +304,11 @@ def _sweep(txn: Txn, header: RolloutHeader) -> None:
         txn.put(seq_key(rid, seq), None)
     for seq in range(header.n_incomplete):
         txn.put(incomplete_key(rid, seq), None)
+    for seq in range(header.n_started):
+        call_id = txn.get(intent_key(rid, seq))
+        if call_id is not None:
+            txn.put(intent_call_key(rid, call_id.decode()), None)
+        txn.put(intent_key(rid, seq), None)
 
 
 def snapshot_id_for(rollout_id: str, version: int) -> str:

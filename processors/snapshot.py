@@ -1,7 +1,8 @@
 """Snapshots assembled from the stored bytes (pure; no framework).
 
 A snapshot is the frozen rollout: every call in seq order with its verified
-lineage, the incomplete markers and the finish payload. Building it is the one
+lineage, the incomplete markers (stored ones, then one per CallStarted intent
+whose call was never captured) and the finish payload. Building it is the one
 O(rollout) step of the fold, so it never decodes a token array: each
 ``SnapshotCall`` is its small prefix followed by the stored call body bytes,
 spliced into the encoding of the snapshot's other fields. The result is exactly
@@ -28,6 +29,7 @@ from processors.state import (
     call_key,
     incomplete_codec,
     incomplete_key,
+    intent_key,
     read_stored_call_head,
     seq_key,
 )
@@ -38,6 +40,7 @@ from schemas.topics import MAX_MESSAGE_BYTES
 
 CONFLICTING_PAYLOAD = "conflicting_payload"
 SNAPSHOT_TOO_LARGE = "snapshot_too_large"
+INTENT_WITHOUT_CAPTURE = "intent_without_capture"
 # Kafka counts the whole record batch (framing, key, headers) against max.message.bytes.
 MAX_SNAPSHOT_BYTES = MAX_MESSAGE_BYTES - (64 << 10)
 
@@ -82,11 +85,29 @@ def build_snapshot(state: _Reader, header: RolloutHeader, *, limit: int = MAX_SN
         if raw is None:
             raise StateGone(f"state of rollout {rid!r} has no marker {seq} (corrupt state)")
         markers.append(incomplete_codec().decode(raw).marker)
+    markers.extend(_dangling_intents(state, header))
     shell = _shell(header, markers)
     data = _splice_calls(shell, header, header.n_calls, items)
     if len(data) > limit:
         data = _too_large(header, markers, len(data), limit)
     return EmittedSnapshot(rid, header.snapshot_id, header.version, data)
+
+
+def _dangling_intents(state: _Reader, header: RolloutHeader) -> list[CallIncomplete]:
+    """A marker per CallStarted intent whose call has no capture in this state (derived, never stored)."""
+    rid, out = header.rollout_id, []
+    for seq in range(header.n_started):
+        call_id = state.get(intent_key(rid, seq))
+        if call_id is None:
+            raise StateGone(f"state of rollout {rid!r} has no intent {seq} (corrupt state)")
+        raw = state.get(call_key(rid, call_id.decode()))
+        if raw is None or read_stored_call_head(raw).seq >= header.n_calls:
+            out.append(CallIncomplete(
+                model_call_id=call_id.decode(), reason=INTENT_WITHOUT_CAPTURE,
+                detail="a CallStarted intent (begin_call) was published for this call, but no CallCaptured "
+                       "reached the rollout before it was frozen: the call's tokens may be lost",
+            ))
+    return out
 
 
 def _shell(header: RolloutHeader, markers: list[CallIncomplete]) -> Snapshot:

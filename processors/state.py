@@ -8,6 +8,8 @@ O(size of that event), never O(size of the rollout):
     s\\0<rollout>\\0<seq>        call id         enumeration order for the snapshot
     f\\0<rollout>\\0<fp>         FingerprintIndex  calls a child request can continue
     i\\0<rollout>\\0<seq>        StoredIncomplete  incomplete markers
+    t\\0<rollout>\\0<seq>        call id         CallStarted intents, in order
+    b\\0<rollout>\\0<call_id>    seq (4 bytes)   the call's intent, if any (duplicate check)
 
 Values are Avro single-object encoded, so the changelog is readable by any
 Avro implementation and refuses values from a newer processor. Rollout ids
@@ -62,6 +64,7 @@ class RolloutHeader:
     incomplete_digests: list[str] = field(default_factory=list)
     applied_partition: int = -1
     applied_offset: int = -1
+    n_started: int = 0
     schema_version: int = STATE_SCHEMA_VERSION
 
     @property
@@ -158,6 +161,14 @@ def fingerprint_key(rollout_id: str, fingerprint: str) -> bytes:
 
 def incomplete_key(rollout_id: str, seq: int) -> bytes:
     return b"i\x00" + rollout_id.encode() + b"\x00" + seq.to_bytes(4, "big")
+
+
+def intent_key(rollout_id: str, seq: int) -> bytes:
+    return b"t\x00" + rollout_id.encode() + b"\x00" + seq.to_bytes(4, "big")
+
+
+def intent_call_key(rollout_id: str, call_id: str) -> bytes:
+    return b"b\x00" + rollout_id.encode() + b"\x00" + call_id.encode()
 
 
 def rollout_of_key(key: bytes) -> str:

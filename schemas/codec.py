@@ -34,6 +34,7 @@ from schemas.records import (
     CallFacts,
     CallIncomplete,
     CallSpan,
+    CallStarted,
     CaptureMetrics,
     Dialect,
     MaskReason,
@@ -60,6 +61,7 @@ _BODY_NAMES: dict[type, str] = {
     CallIncomplete: "tokentrail.CallIncomplete",
     RolloutFinished: "tokentrail.RolloutFinished",
     RetireRequested: "tokentrail.RetireRequested",
+    CallStarted: "tokentrail.CallStarted",
 }
 _BODY_TYPES = {name: cls for cls, name in _BODY_NAMES.items()}
 _BODY = object()

@@ -166,7 +166,16 @@ class RetireRequested:
     consumer: str = ""
 
 
-Body = Union[CallCaptured, CallIncomplete, RolloutFinished, RetireRequested]
+@dataclass(**_FROZEN)
+class CallStarted:
+    """A pre-dispatch intent (Gym's ``begin_call``): without a matching CallCaptured the rollout is incomplete."""
+
+    model_call_id: str
+    route: str = ""
+    created_at: float = 0.0
+
+
+Body = Union[CallCaptured, CallIncomplete, RolloutFinished, RetireRequested, CallStarted]
 
 
 @dataclass(**_FROZEN)

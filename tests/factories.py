@@ -10,6 +10,7 @@ from schemas.records import (
     CallCaptured,
     CallFacts,
     CallIncomplete,
+    CallStarted,
     ParentResolution,
     RetireRequested,
     RolloutEvent,
@@ -91,3 +92,7 @@ def finished(result: dict | None = None, **kw: object) -> RolloutFinished:
 
 def retire(snapshot_id: str, version: int) -> RetireRequested:
     return RetireRequested(snapshot_id=snapshot_id, version=version, consumer="test")
+
+
+def started(call_id: str) -> CallStarted:
+    return CallStarted(model_call_id=call_id, route="/v1/chat/completions", created_at=1_700_000_000.0)

@@ -23,7 +23,7 @@ from tests.unit.consumers.support import child, root, snapshot_of
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 
 
-async def test_gym_adapters_pass_the_gym_conformance_checks(kafka_bootstrap, topics):
+async def test_gym_adapters_pass_all_ten_gym_conformance_checks(kafka_bootstrap, topics):
     t = topics.rollout_events
     passed = await run_gym_conformance(lambda: TokenSink(kafka_bootstrap, topic=t),
                                        lambda: TokenSource(kafka_bootstrap, topic=t),
@@ -31,7 +31,8 @@ async def test_gym_adapters_pass_the_gym_conformance_checks(kafka_bootstrap, top
                                        rollout_id=f"gymconf-{uuid.uuid4().hex[:6]}")
     assert passed == ["put_then_freeze_visibility", "idempotent_reput", "conflicting_reput",
                       "mark_incomplete_durability", "freeze_idempotency", "post_freeze_write_safety",
-                      "conditional_retirement", "lineage_visibility", "fresh_client_lineage_visibility"]
+                      "conditional_retirement", "lineage_visibility", "fresh_client_lineage_visibility",
+                      "begin_call_custody"]
 
 
 async def test_a_broken_transport_is_rejected(kafka_bootstrap, topics):
@@ -46,6 +47,21 @@ async def test_a_broken_transport_is_rejected(kafka_bootstrap, topics):
         await run_gym_conformance(lambda: Amnesiac(kafka_bootstrap, topic=t),
                                   lambda: TokenSource(kafka_bootstrap, topic=t),
                                   rollout_id=f"amnesiac-{uuid.uuid4().hex[:6]}")
+
+
+async def test_an_intent_that_is_not_durable_fails_the_custody_check(kafka_bootstrap, topics):
+    from consumers.gym_conformance import GymConformanceError
+
+    class ForgetsIntents(TokenSink):
+        async def begin_call(self, rollout_id, model_call_id) -> None:
+            return None  # says yes, publishes nothing: a lost call would go unnoticed
+
+    t = topics.rollout_events
+    with pytest.raises(GymConformanceError, match="begin_call_custody"):
+        await run_gym_conformance(lambda: ForgetsIntents(kafka_bootstrap, topic=t),
+                                  lambda: TokenSource(kafka_bootstrap, topic=t),
+                                  lambda: TokenLineage(kafka_bootstrap, topic=t),
+                                  rollout_id=f"forgetful-{uuid.uuid4().hex[:6]}")
 
 
 def _read_topic(bootstrap: str, topic: str) -> list:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from processors.fold import apply_writes, fold
 from schemas.codec import encode_event
 from schemas.records import CallCaptured, ParentResolution, RolloutEvent
-from tests.factories import event, finished, incomplete, make_call, retire
+from tests.factories import event, finished, incomplete, make_call, retire, started
 
 VOCAB = 50_000
 
@@ -46,6 +46,7 @@ class RolloutPlan:
     p_cold: float = 0.3
     p_oddity: float = 0.25  # any of: identical retry, rewritten history, wrong claim, ambiguous, conflict
     p_incomplete: float = 0.1
+    p_intent: float = 0.2
     p_late: float = 0.3
     p_retire: float = 0.4
     calls_so_far: list[str] = field(default_factory=list)
@@ -62,6 +63,8 @@ def rollout_events(rng: random.Random, rid: str, plan: RolloutPlan | None = None
         return [rng.randrange(VOCAB) for _ in range(rng.randint(*lo_hi))]
 
     def publish(call: CallCaptured, **kw) -> None:
+        if rng.random() < plan.p_intent:  # a Gym-style begin_call before the call
+            events.append(event(rid, started(call.model_call_id), event_id=ids.event()))
         events.append(event(rid, call, event_id=ids.event(), **kw))
 
     def add(parent: _Node | None, new: list[int], gen: list[int], fingerprint: str | None = None) -> _Node:
@@ -95,7 +98,8 @@ def rollout_events(rng: random.Random, rid: str, plan: RolloutPlan | None = None
         else:
             add(parent, tokens(plan.new_tokens), tokens(plan.gen_tokens))
         if rng.random() < plan.p_incomplete:
-            events.append(event(rid, incomplete(ids.call() if rng.random() < 0.7 else None), event_id=ids.event()))
+            lost = incomplete(ids.call() if rng.random() < 0.7 else None) if rng.random() < 0.7 else started(ids.call())
+            events.append(event(rid, lost, event_id=ids.event()))  # a marker, or an intent never captured
     events.append(event(rid, finished({"reward": rng.random()}), event_id=ids.event()))
     if rng.random() < plan.p_late:
         add(rng.choice(nodes), tokens(plan.new_tokens), tokens(plan.gen_tokens))
@@ -212,7 +216,7 @@ def with_duplicates(rng: random.Random, log: list[RolloutEvent], n: int) -> list
         if retired_at <= i + 1 or type(original.body).__name__ == "RetireRequested":
             continue
         copy = original
-        if type(original.body).__name__ in ("CallCaptured", "CallIncomplete") and rng.random() < 0.5:
+        if type(original.body).__name__ in ("CallCaptured", "CallIncomplete", "CallStarted") and rng.random() < 0.5:
             copy = dataclasses.replace(original, event_id=f"{original.event_id}-again{k}",
                                        emitted_at=original.emitted_at + 1)
         out.insert(rng.randint(i + 1, retired_at), copy)

@@ -177,4 +177,4 @@ def test_the_scenarios_cover_every_lineage_outcome():
             reasons |= {m.reason for m in decode_snapshot(data).incomplete_markers}
     assert {"root", "verified", "resolved_by_processor", "ambiguous", "parent_digest_mismatch",
             "unresolved"} <= notes
-    assert "conflicting_payload" in reasons
+    assert {"conflicting_payload", "intent_without_capture", "upstream_error"} <= reasons

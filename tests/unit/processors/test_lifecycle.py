@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 
 from processors.fold import StateReadError, apply_writes, fold_raw, snapshot_id_for
-from processors.snapshot import MAX_SNAPSHOT_BYTES, SNAPSHOT_TOO_LARGE, build_snapshot
+from processors.snapshot import INTENT_WITHOUT_CAPTURE, MAX_SNAPSHOT_BYTES, SNAPSHOT_TOO_LARGE, build_snapshot
 from processors.state import call_key, header_codec, header_key
 from schemas.codec import decode_snapshot, encode_event, encode_snapshot
 from schemas.records import ParentResolution
-from tests.factories import event, finished, incomplete, make_call, retire
+from tests.factories import event, finished, incomplete, make_call, retire, started
 from tests.unit.processors.scenarios import realistic_rollout
 
 R = "rollout-life"
@@ -216,3 +216,52 @@ def test_a_200_call_128k_token_rollout_snapshot_fits_the_topic_and_writes_stay_p
     assert max(stored[1:]) - min(stored[1:]) < 64
     if not cold:
         assert max(ratios) <= 1.5
+
+
+def test_an_intent_without_a_capture_makes_the_snapshot_incomplete_and_a_capture_clears_it():
+    log = Log()
+    c1, c2 = chain(2)
+    (fin,) = log.publish(event(R, started(c1.model_call_id)), event(R, c1), event(R, started(c2.model_call_id)),
+                         event(R, finished()))[3:]
+    (snap,) = fin.snapshots
+    assert snap.incomplete
+    assert [(m.model_call_id, m.reason) for m in snap.incomplete_markers] == [(c2.model_call_id,
+                                                                               INTENT_WITHOUT_CAPTURE)]
+    (late,) = log.publish(event(R, c2))  # the capture arrives after the freeze: late, but it satisfies the intent
+    assert late.changed
+    (refrozen,) = log.publish(event(R, finished({"reward": 0.5})))
+    (snap2,) = refrozen.snapshots
+    assert not snap2.incomplete and snap2.version > snap.version and snap2.late_writes == 1
+
+
+def test_intents_are_idempotent_and_an_intent_for_a_captured_call_changes_nothing():
+    log = Log()
+    (c1,) = chain(1)
+    log.publish(event(R, started(c1.model_call_id)))
+    before = dict(log.state)
+    (dup,) = log.publish(event(R, started(c1.model_call_id)))  # same intent, new event id
+    assert not dup.changed and log.state == before
+    log.publish(event(R, c1))
+    (after,) = log.publish(event(R, started(c1.model_call_id)))
+    assert not after.changed
+    (fin,) = log.publish(event(R, finished()))
+    assert not fin.snapshots[0].incomplete and header_codec().decode(log.state[header_key(R)]).n_started == 1
+
+
+def test_an_intent_cut_short_before_its_header_is_redone_and_retirement_sweeps_intents():
+    log = Log()
+    (c1,) = chain(1)
+    log.publish(event(R, c1))
+    log.records.append(encode_event(event(R, started("lost-call"))))
+    res = fold_raw(log.state, R.encode(), log.records[-1], position=(0, len(log.records) - 1))
+    partial = dict(log.state)
+    for key, value in res.writes.items():  # a crash after the bodies, before the header (the commit point)
+        if key != header_key(R):
+            partial[key] = value
+    log.state = partial
+    log.deliver(len(log.records) - 1)  # redelivered: redone, not taken for a duplicate
+    (fin,) = log.publish(event(R, finished()))
+    (snap,) = fin.snapshots
+    assert [m.reason for m in snap.incomplete_markers] == [INTENT_WITHOUT_CAPTURE]
+    log.publish(event(R, retire(snap.snapshot_id, snap.version)))
+    assert list(log.state) == [header_key(R)], "retirement leaves only the tombstone"
