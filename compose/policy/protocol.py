@@ -56,7 +56,7 @@ class ResponseShaper:
     # -- pieces ---------------------------------------------------------------------
 
     def logprob_entries(self, start: int, end: int) -> list[dict]:
-        gen, job, tok = self.gen, self.job, self.tok
+        gen, job = self.gen, self.job
         entries = []
         for i in range(start, end):
             token = gen.token_ids[i]

@@ -3,7 +3,6 @@ rule changes, the batch summary and its HTML report."""
 
 from __future__ import annotations
 
-import dataclasses
 from html.parser import HTMLParser
 
 import pytest
