@@ -50,6 +50,7 @@ class LocalStack:
     topic_prefix: str = ""
     control_token: str = "tokentrail-demo-token"
     policy_args: tuple[str, ...] = ()
+    policy_env: dict[str, str] = field(default_factory=dict)
     intercept_args: tuple[str, ...] = ()
     consumer_args: tuple[str, ...] = ()
     processor_id: str = "tokentrail-processor"
@@ -70,7 +71,7 @@ class LocalStack:
         ensure_topics(self.bootstrap, self.topics)
         prefix = ("--topic-prefix", self.topic_prefix)
         try:
-            policy = self._spawn("policy", "policy", "--port", "0", *self.policy_args)
+            policy = self._spawn("policy", "policy", "--port", "0", *self.policy_args, env=self.policy_env)
             policy.url = self._wait_line(policy, "policy listening on ").split()[-1]
             port = _free_port()
             interceptor = self._spawn("interceptor", "intercept", "--upstream", policy.url, "--bootstrap",

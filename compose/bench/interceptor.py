@@ -38,6 +38,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "concurrency then measures queueing on this machine, not the interceptor)")
     parser.add_argument("--broker-warmup", type=int, default=3000,
                         help="sequential acked records sent to the broker before measuring (0: none)")
+    parser.add_argument("--deployment", choices=["proxy", "middleware", "both"], default="both",
+                        help="proxy: tokentrail intercept in front of the engine; middleware: inside its server")
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
 
 
@@ -77,7 +79,6 @@ async def _load(url: str, body: dict, n: int, concurrency: int, timings: list[fl
 
 def main(args: argparse.Namespace) -> int:
     from compose.kafka_broker import ensure_jars, start_broker, stop_broker
-    from compose.stack import LocalStack
 
     run_dir = Path(tempfile.mkdtemp(prefix="tokentrail-bench-"))
     broker_dir = None
@@ -86,58 +87,81 @@ def main(args: argparse.Namespace) -> int:
         ensure_jars()
         broker_dir = run_dir / "kafka"
         bootstrap = start_broker(broker_dir).bootstrap
-    acks = _warm_broker(bootstrap, args.broker_warmup, tag=time.strftime("%H%M%S"))
+    try:
+        acks = _warm_broker(bootstrap, args.broker_warmup, tag=time.strftime("%H%M%S"))
+        for deployment in (["proxy", "middleware"] if args.deployment == "both" else [args.deployment]):
+            _run(args, deployment, bootstrap, run_dir / deployment)
+        if acks:
+            print(f"Kafka ack, direct        p50 {_ms(_pct(acks, 50))}   p99 {_ms(_pct(acks, 99))}   (bare acks=all "
+                  f"produce of a capture-sized record, after {args.broker_warmup} warm-up records)")
+    finally:
+        if broker_dir is not None:
+            stop_broker(broker_dir)
+    return 0
+
+
+def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Path) -> None:
+    """One deployment: ``proxy`` (``tokentrail intercept`` in front of the engine: one more HTTP hop) or
+    ``middleware`` (the capture inside the engine's server, as ``vllm serve --middleware``; the baseline is
+    the same server's uncaptured route)."""
+    import httpx
+
+    from compose.stack import LocalStack
+
     prompt = " ".join(f"word{i % 977} and" for i in range(args.prompt_words // 2))
     body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": args.gen_tokens,
             "ignore_eos": True}
     direct_body = {**body, "return_token_ids": True, "logprobs": True, "top_logprobs": 0, "include_reasoning": True}
     tag = time.strftime("%H%M%S")
-    try:
-        policy_args = ("--decode-ms-per-token", str(args.decode_ms_per_token))
-        with LocalStack(bootstrap, run_dir, topic_prefix=f"bench{tag}.", with_pipeline=False,
-                        policy_args=policy_args) as stack:
-            via_url = f"{stack.interceptor_url}/ng-rollout/bench-{tag}/training-token-capture/v1/chat/completions"
-            direct_url = f"{stack.policy_url}/v1/chat/completions"
-            # Warm both paths (engine tables, connections, the producer's id).
-            asyncio.run(_load(direct_url, direct_body, 16, 8, None))
-            asyncio.run(_load(via_url, body, 16, 8, None))
-            direct: list[float] = []
-            via: list[float] = []
-            ours: list[float] = []
-            engine_seen: list[float] = []
-            hop: list[float] = []
-            stagger = args.decode_ms_per_token * args.gen_tokens / 1000
-            for _ in range(args.rounds):
-                direct += asyncio.run(_load(direct_url, direct_body, args.calls_per_round, args.concurrency, None,
-                                            stagger))
-                via += asyncio.run(_load(via_url, body, args.calls_per_round, args.concurrency, ours, stagger,
-                                         engine_seen, hop))
-            prompt_tokens = _prompt_tokens(stack.policy_url, body)
-            import httpx
-
-            metrics = httpx.get(f"{stack.interceptor_url}/metrics", timeout=10).text
-    finally:
-        if broker_dir is not None:
-            stop_broker(broker_dir)
-    ms = lambda v: f"{v * 1000:8.2f} ms"  # noqa: E731
-    print(f"{len(via)} calls per path, concurrency {args.concurrency}, prompt {prompt_tokens} tokens, "
-          f"{args.gen_tokens} generated tokens, engine decode {args.decode_ms_per_token} ms/token, "
+    prefix = f"bench{deployment}{tag}."
+    policy_args: tuple[str, ...] = ("--decode-ms-per-token", str(args.decode_ms_per_token))
+    policy_env: dict[str, str] = {}
+    if deployment == "middleware":
+        policy_args += ("--middleware", "producers.middleware.TokentrailMiddleware")
+        policy_env = {"TOKENTRAIL_BOOTSTRAP": bootstrap, "TOKENTRAIL_TOPIC_PREFIX": prefix}
+    with LocalStack(bootstrap, run_dir, topic_prefix=prefix, with_pipeline=False, policy_args=policy_args,
+                    policy_env=policy_env) as stack:
+        capture_base = stack.interceptor_url if deployment == "proxy" else stack.policy_url
+        via_url = f"{capture_base}/ng-rollout/bench-{tag}/training-token-capture/v1/chat/completions"
+        direct_url = f"{stack.policy_url}/v1/chat/completions"
+        # Warm both paths (engine tables, connections, the producer's id).
+        asyncio.run(_load(direct_url, direct_body, 16, 8, None))
+        asyncio.run(_load(via_url, body, 16, 8, None))
+        direct: list[float] = []
+        via: list[float] = []
+        ours: list[float] = []
+        engine_seen: list[float] = []
+        hop: list[float] = []
+        stagger = args.decode_ms_per_token * args.gen_tokens / 1000
+        for _ in range(args.rounds):
+            direct += asyncio.run(_load(direct_url, direct_body, args.calls_per_round, args.concurrency, None,
+                                        stagger))
+            via += asyncio.run(_load(via_url, body, args.calls_per_round, args.concurrency, ours, stagger,
+                                     engine_seen, hop))
+        prompt_tokens = _prompt_tokens(stack.policy_url, body)
+        metrics_path = "/metrics" if deployment == "proxy" else "/tokentrail/metrics"
+        metrics = httpx.get(f"{capture_base}{metrics_path}", timeout=10).text
+    print(f"== {deployment}: {len(via)} calls per path, concurrency {args.concurrency}, prompt {prompt_tokens} "
+          f"tokens, {args.gen_tokens} generated tokens, engine decode {args.decode_ms_per_token} ms/token, "
           f"durable ack (acks=all) on every captured call")
-    print(f"direct to engine       p50 {ms(_pct(direct, 50))}   p99 {ms(_pct(direct, 99))}")
-    print(f"through interceptor    p50 {ms(_pct(via, 50))}   p99 {ms(_pct(via, 99))}")
-    print(f"added (client view)    p50 {ms(_pct(via, 50) - _pct(direct, 50))}   p99 {ms(_pct(via, 99) - _pct(direct, 99))}")
-    print(f"interceptor overhead   p50 {ms(_pct(ours, 50))}   p99 {ms(_pct(ours, 99))}   "
-          f"mean {ms(statistics.fmean(ours))}   (Server-Timing; budget p50 <= 3 ms, p99 <= 15 ms)")
-    print(f"engine as seen by it   p50 {ms(_pct(engine_seen, 50))}   p99 {ms(_pct(engine_seen, 99))}   "
-          f"(its upstream call: the second HTTP hop, body re-sent and answer parsed)")
-    print(f"client <-> interceptor p50 {ms(_pct(hop, 50))}   p99 {ms(_pct(hop, 99))}   "
-          f"(the added HTTP hop: the client's latency less both Server-Timing parts)")
-    if acks:
-        print(f"Kafka ack, direct      p50 {ms(_pct(acks, 50))}   p99 {ms(_pct(acks, 99))}   "
-              f"(bare acks=all produce of a capture-sized record, after {args.broker_warmup} warm-up records)")
-    print(f"  of which Kafka ack   p50 <= {_hist_pct(metrics, 'tokentrail_publish_seconds', 50) * 1000:.1f} ms   "
-          f"p99 <= {_hist_pct(metrics, 'tokentrail_publish_seconds', 99) * 1000:.1f} ms   (histogram bucket bounds)")
-    return 0
+    baseline = "direct to engine" if deployment == "proxy" else "uncaptured route"
+    print(f"{baseline:<24} p50 {_ms(_pct(direct, 50))}   p99 {_ms(_pct(direct, 99))}")
+    print(f"{'captured':<24} p50 {_ms(_pct(via, 50))}   p99 {_ms(_pct(via, 99))}")
+    print(f"{'added (client view)':<24} p50 {_ms(_pct(via, 50) - _pct(direct, 50))}   "
+          f"p99 {_ms(_pct(via, 99) - _pct(direct, 99))}   (budget p50 <= 3 ms, p99 <= 15 ms)")
+    print(f"{'capture overhead':<24} p50 {_ms(_pct(ours, 50))}   p99 {_ms(_pct(ours, 99))}   "
+          f"mean {_ms(statistics.fmean(ours))}   (Server-Timing: all but the engine wait, durable ack included)")
+    print(f"{'engine as seen by it':<24} p50 {_ms(_pct(engine_seen, 50))}   p99 {_ms(_pct(engine_seen, 99))}")
+    what = ("the proxy's extra HTTP hop" if deployment == "proxy" else
+            "the server's own HTTP hop, which the uncaptured route pays too")
+    print(f"{'client <-> server':<24} p50 {_ms(_pct(hop, 50))}   p99 {_ms(_pct(hop, 99))}   "
+          f"(client latency less both Server-Timing parts: {what})")
+    print(f"{'  of which Kafka ack':<24} p50 <= {_hist_pct(metrics, 'tokentrail_publish_seconds', 50) * 1000:.1f} ms"
+          f"   p99 <= {_hist_pct(metrics, 'tokentrail_publish_seconds', 99) * 1000:.1f} ms   (histogram bucket bounds)")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:8.2f} ms"
 
 
 def _warm_broker(bootstrap: str, n: int, tag: str, size: int = 6 << 10) -> list[float]:

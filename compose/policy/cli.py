@@ -4,17 +4,24 @@ Guarantees: settings are validated before anything binds (a bad value exits with
 2 and a message naming it); the socket is bound before uvicorn starts, so ``--port 0``
 gets a free port, and ``policy listening on http://HOST:PORT`` is printed (flushed) on
 stdout only once the server accepts connections.
+
+``--middleware dotted.path.Class`` wraps the app as ``vllm serve --middleware`` does
+(each class is built with the app it wraps; the last one given is outermost), so
+``--middleware producers.middleware.TokentrailMiddleware`` runs the capture inside
+the engine's own server process, as a vLLM deployment would.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import socket
 import sys
 
 from pydantic import ValidationError
 
 from compose.policy.settings import FAULTS, PolicySettings
+from schemas.errors import TokentrailError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +48,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--table-rows", type=int, default=d.table_rows)
     parser.add_argument("--logit-scale", type=float, default=d.logit_scale)
     parser.add_argument("--vocab-words", type=int, default=None)
+    parser.add_argument("--middleware", action="append", default=[], metavar="DOTTED.PATH",
+                        help="ASGI middleware class to wrap the app with, as vllm serve --middleware (repeatable)")
     parser.add_argument("--log-level", default="warning",
                         choices=["critical", "error", "warning", "info", "debug"])
 
@@ -68,16 +77,19 @@ def main(args: argparse.Namespace) -> int:
     from compose.policy.server import create_app
 
     app = create_app(settings)
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((settings.host, settings.port))
+        for path in args.middleware:
+            app = _import_class(path)(app)
+    except (ImportError, AttributeError, ValueError, TokentrailError) as exc:
+        print(f"tokentrail policy: --middleware: {exc}", file=sys.stderr)
+        return 2
+    try:
+        sock = bind_socket(settings.host, settings.port)
     except OSError as exc:
         print(f"tokentrail policy: cannot bind {settings.host}:{settings.port}: {exc}", file=sys.stderr)
         return 1
     port = sock.getsockname()[1]
-    host = f"[{settings.host}]" if family == socket.AF_INET6 else settings.host
+    host = f"[{settings.host}]" if sock.family == socket.AF_INET6 else settings.host
     url = f"http://{host}:{port}"
 
     class _Server(uvicorn.Server):
@@ -86,6 +98,33 @@ def main(args: argparse.Namespace) -> int:
             if not self.should_exit:
                 print(f"policy listening on {url}", flush=True)
 
-    config = uvicorn.Config(app, log_level=args.log_level, access_log=False, lifespan="off")
+    # Middleware may hold resources to release at shutdown (the capture's Kafka producer).
+    lifespan = "auto" if args.middleware else "off"
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=False, lifespan=lifespan)
     _Server(config).run(sockets=[sock])
     return 0
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A bound TCP socket whose accepted connections asyncio sets TCP_NODELAY on.
+
+    proto must be IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets
+    whose proto says TCP, and without it a response written in two parts (headers,
+    body) waits out the client's delayed ACK, about 40 ms per call."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _import_class(path: str) -> type:
+    """``pkg.module.Class`` (vLLM's form) or ``pkg.module:Class``."""
+    module, sep, name = path.rpartition(":") if ":" in path else path.rpartition(".")
+    if not sep or not module or not name:
+        raise ValueError(f"{path!r} is not an import path like producers.middleware.TokentrailMiddleware")
+    return getattr(importlib.import_module(module), name)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import socket
 import subprocess
 import sys
 
@@ -109,3 +111,37 @@ def test_tokentrail_policy_command_serves_on_a_free_port():
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+async def test_the_policy_socket_serves_with_tcp_nodelay():
+    # Without it, each response waits out the client's delayed ACK (~40 ms): a slow "engine".
+    sock = policy_cli.bind_socket("127.0.0.1", 0)
+    seen: list[int] = []
+
+    class Probe(asyncio.Protocol):
+        def connection_made(self, transport):
+            seen.append(transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            transport.close()
+
+    server = await asyncio.get_running_loop().create_server(Probe, sock=sock)
+    try:
+        _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        writer.close()
+    finally:
+        server.close()
+    assert seen and seen[0] != 0
+
+
+def test_middleware_is_applied_as_vllm_does_and_a_bad_path_stops_startup():
+    from producers.middleware import TokentrailMiddleware
+
+    assert policy_cli._import_class("producers.middleware.TokentrailMiddleware") is TokentrailMiddleware
+    assert policy_cli._import_class("producers.middleware:TokentrailMiddleware") is TokentrailMiddleware
+    parser = argparse.ArgumentParser()
+    policy_cli.configure(parser)
+    assert policy_cli.main(parser.parse_args(["--middleware", "no_such_module.Middleware"])) == 2
+    assert policy_cli.main(parser.parse_args(["--middleware", "NoDots"])) == 2
