@@ -38,7 +38,9 @@ from functools import cache
 
 import fastavro
 
-from schemas.codec import MAGIC, RecordCodec, register_nested, to_avro
+from schemas.codec import (
+    MAGIC, RecordCodec, avro_long, avro_string, read_long, read_string, register_nested, to_avro,
+)
 from schemas.records import CallCaptured, CallIncomplete, RolloutFinished
 
 STATE_SCHEMA_VERSION = 1
@@ -177,39 +179,6 @@ def rollout_of_key(key: bytes) -> str:
 
 
 # ---------------------------------------------------------------- Avro by hand (hot path)
-
-def avro_long(n: int) -> bytes:
-    """Avro int/long: zig-zag varint."""
-    n = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while n & ~0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def avro_string(s: str) -> bytes:
-    raw = s.encode()
-    return avro_long(len(raw)) + raw
-
-
-def read_long(data: bytes | memoryview, pos: int) -> tuple[int, int]:
-    """One zig-zag varint at ``pos``: (value, next position)."""
-    shift = result = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (result >> 1) ^ -(result & 1), pos
-        shift += 7
-
-
-def read_string(data: bytes | memoryview, pos: int) -> tuple[str, int]:
-    length, pos = read_long(data, pos)
-    return bytes(data[pos : pos + length]).decode(), pos + length
-
 
 @cache
 def _call_schema() -> object:

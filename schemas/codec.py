@@ -287,8 +287,26 @@ def decode_rebuilt(data: bytes) -> RebuiltRollout:
     return rebuilt_codec().decode(data)
 
 
-def _skip_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
-    """Read one zig-zag varint at ``pos``; return (value, next position)."""
+# Avro primitives by hand, for hot paths that splice or peek at encoded bytes.
+
+def avro_long(n: int) -> bytes:
+    """Avro int/long: zig-zag varint."""
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def avro_string(s: str) -> bytes:
+    raw = s.encode()
+    return avro_long(len(raw)) + raw
+
+
+def read_long(data: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """One zig-zag varint at ``pos``: (value, next position)."""
     shift = result = 0
     while True:
         byte = data[pos]
@@ -297,6 +315,11 @@ def _skip_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
         if not byte & 0x80:
             return (result >> 1) ^ -(result & 1), pos
         shift += 7
+
+
+def read_string(data: bytes | memoryview, pos: int) -> tuple[str, int]:
+    length, pos = read_long(data, pos)
+    return bytes(data[pos : pos + length]).decode(), pos + length
 
 
 def event_body_bytes(data: bytes) -> bytes:
@@ -314,13 +337,13 @@ def event_body_bytes(data: bytes) -> bytes:
         return event_body_bytes(c._header + buf.getvalue())
     pos = _HEADER_LEN
     for _ in range(2):  # event_id, rollout_id
-        length, pos = _skip_varint(data, pos)
+        length, pos = read_long(data, pos)
         pos += length
-    _, pos = _skip_varint(data, pos)  # emitted_at
-    length, pos = _skip_varint(data, pos)  # source
+    _, pos = read_long(data, pos)  # emitted_at
+    length, pos = read_long(data, pos)  # source
     pos += length
-    _, pos = _skip_varint(data, pos)  # schema_version
-    _, pos = _skip_varint(data, pos)  # union branch
+    _, pos = read_long(data, pos)  # schema_version
+    _, pos = read_long(data, pos)  # union branch
     return bytes(data[pos:])
 
 
@@ -328,5 +351,5 @@ def event_id_of(data: bytes) -> str:
     """The event id of an encoded event, read from the envelope without decoding the body."""
     if bytes(data[2:_HEADER_LEN]) != event_codec().fingerprint:
         return decode_event(data).event_id
-    length, pos = _skip_varint(data, _HEADER_LEN)
+    length, pos = read_long(data, _HEADER_LEN)
     return bytes(data[pos : pos + length]).decode()
