@@ -183,10 +183,7 @@ def test_kill_9_mid_run_then_restart_recovers_from_the_changelog_with_identical_
         emitted = run.finish()
     finally:
         run.close()
-    assert_same_snapshots(emitted, workload)
-    reference, _, _ = clean
-    for rid, snaps in reference.items():
-        assert set(emitted[rid]) == set(snaps) and emitted[rid][-1] == snaps[-1], rid
+    assert_same_as_clean(emitted, workload, clean)
 
 
 def test_two_workers_split_the_partitions_and_one_leaving_changes_no_snapshot(
@@ -212,10 +209,7 @@ def test_two_workers_split_the_partitions_and_one_leaving_changes_no_snapshot(
         emitted = run.finish()
     finally:
         run.close()
-    assert_same_snapshots(emitted, workload)
-    reference, _, _ = clean
-    for rid, snaps in reference.items():
-        assert set(emitted[rid]) == set(snaps) and emitted[rid][-1] == snaps[-1], rid
+    assert_same_as_clean(emitted, workload, clean)
 
 
 def build_workload_prefix(work: Workload, records) -> set[bytes]:
@@ -243,3 +237,11 @@ def _wait(condition, what: str, alive, timeout: float = TIMEOUT) -> None:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         alive()
         time.sleep(0.5)
+
+
+def assert_same_as_clean(emitted, workload: Workload, clean) -> None:
+    """The pure fold's snapshots, and per rollout the clean run's distinct snapshots and its last one."""
+    assert_same_snapshots(emitted, workload)
+    reference, _, _ = clean
+    for rid, snaps in reference.items():
+        assert set(emitted[rid]) == set(snaps) and emitted[rid][-1] == snaps[-1], rid
