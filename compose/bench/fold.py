@@ -138,15 +138,15 @@ def faust_worker(records: list[tuple[bytes, bytes]], bootstrap: str, run_dir: Pa
     import confluent_kafka
 
     from compose.topics import ensure_topics
-    from schemas.topics import MAX_MESSAGE_BYTES, PRODUCER_PARTITIONER, topic_names
+    from producers.publisher import producer_config
+    from schemas.topics import topic_names
 
     tag = uuid.uuid4().hex[:8]
     prefix, app_id = f"benchfold{tag}.", f"benchfold-{tag}"
     names = topic_names(prefix)
     ensure_topics(bootstrap, names)
-    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-                                         "partitioner": PRODUCER_PARTITIONER, "message.max.bytes": MAX_MESSAGE_BYTES,
-                                         "linger.ms": 20})
+    # The interceptor's producer settings (idempotent, acks=all, Java-compatible partitioner), batched.
+    producer = confluent_kafka.Producer(producer_config(bootstrap, linger_ms=20))
     for key, value in records:
         while True:
             try:
