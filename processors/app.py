@@ -124,7 +124,7 @@ def create_app(settings: ProcessorSettings) -> ProcessorApp:
     @app.agent(events, name="fold")
     async def fold_agent(stream: faust.StreamT) -> None:
         acker = app.acker = OrderedAcker(app, table)
-        guard = OffsetGuard(app, settings.topics.rollout_events)
+        guard = OffsetGuard(app, settings.topics.rollout_events, reseek_s=settings.hole_check_interval_s)
         acker.start()
         guard.start()
         try:

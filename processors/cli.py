@@ -22,6 +22,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--app-id", default="tokentrail-processor", help="consumer group id / changelog prefix")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--topic-prefix", default="", help="prefix of every topic name (isolation)")
+    parser.add_argument("--hole-check-interval", type=float, default=1.0, metavar="SECONDS",
+                        help="how often the offset guard repeats a rewind and checks quiet partitions' tails")
     parser.add_argument("--log-level", default="WARNING")
 
 
@@ -31,7 +33,8 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         settings = ProcessorSettings(bootstrap=args.bootstrap, data_dir=args.data_dir, app_id=args.app_id,
-                                     partitions=args.partitions, topics=topic_names(args.topic_prefix))
+                                     partitions=args.partitions, topics=topic_names(args.topic_prefix),
+                                     hole_check_interval_s=args.hole_check_interval)
     except ValidationError as exc:
         print(f"tokentrail process: invalid settings:\n{exc}", file=sys.stderr)
         return 2

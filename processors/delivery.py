@@ -155,6 +155,16 @@ class OffsetGuard:
     past which it would drop the re-fetched hole) and, while the stream is
     quiet, rewinds any partition whose log end is beyond what was admitted: a
     hole at the tail has no later event to reveal it.
+
+    Every seek goes through the consumer thread (``seek_wait``, as Faust's own
+    recovery does). Faust's ``Consumer.seek`` changes aiokafka's fetcher from
+    the event loop's thread while the consumer thread works on it; repeated,
+    that crashed the fetcher (``KeyError`` in ``fetched_records``) or left a
+    worker's table recovery waiting forever for changelog records it never
+    fetched. The watch also stands still while a rebalance or recovery is under
+    way (the stream is paused, so quiet says nothing, and every partition
+    restarts at its committed offset afterwards) and, after one, starts over
+    from the new generation's committed offsets.
     """
 
     def __init__(self, app: faust.App, topic: str, reseek_s: float = 1.0) -> None:
@@ -191,7 +201,7 @@ class OffsetGuard:
             if offset > expected:
                 self._rewind(tp, expected, f"the stream skipped offsets {expected}..{offset - 1}")
         if offset > expected:
-            await self._app.consumer.seek(tp, expected)
+            await self._seek(tp, expected)
             # Not acked: its offset must not become committable. Released, so rebalances do not wait for it.
             message.acked = True
             self._app.consumer._unacked_messages.discard(message)
@@ -219,12 +229,26 @@ class OffsetGuard:
             except Exception as exc:  # e.g. no consumer during a rebalance: the next round retries
                 log.warning("offset guard: %r", exc)
 
+    async def _seek(self, tp: TP, offset: int) -> None:
+        await self._app.consumer.seek_wait({tp: offset})  # in the consumer's own thread
+
     async def _check(self) -> None:
-        consumer = self._app.consumer
+        app = self._app
+        if app.rebalancing or app.in_recovery:
+            return
+        if app.consumer_generation_id != self._generation:
+            # A rebalance ended: what this guard knew was for the previous generation. The stream
+            # restarts at the committed offsets; give the first fetch a round before the tail check.
+            self._generation = app.consumer_generation_id
+            self._next.clear()
+            self._rewinding.clear()
+            self._last_event = time.monotonic()
+            return
+        consumer = app.consumer
         if time.monotonic() - self._last_event >= self._reseek_s:
             for tp in consumer.assignment():
                 end = consumer.highwater(tp) if tp.topic == self._topic else None
                 if end is not None and tp not in self._rewinding and end > self._expected(tp):
                     self._rewind(tp, self._expected(tp), f"the stream stopped below the log end {end}")
         for tp, offset in list(self._rewinding.items()):
-            await consumer.seek(tp, offset)
+            await self._seek(tp, offset)

@@ -45,3 +45,5 @@ class ProcessorSettings(BaseModel):
     producer_linger_s: float = Field(0.005, ge=0)
     producer_max_batch_bytes: int = Field(1 << 20, ge=16 << 10)
     web_port: int | None = Field(None, description="Faust's web server (metrics); off unless set")
+    hole_check_interval_s: float = Field(1.0, gt=0, description="How often the offset guard repeats its "
+                                         "rewinds and looks for a hole at a quiet partition's tail")

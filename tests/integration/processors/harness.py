@@ -34,8 +34,10 @@ REPO = Path(__file__).resolve().parents[3]
 class FoldWorker:
     """One `tokentrail process` worker; each start writes a new log file."""
 
-    def __init__(self, bootstrap: str, run_dir: Path, name: str, *, app_id: str, prefix: str) -> None:
+    def __init__(self, bootstrap: str, run_dir: Path, name: str, *, app_id: str, prefix: str,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.bootstrap, self.name, self.app_id, self.prefix = bootstrap, name, app_id, prefix
+        self.extra_args = extra_args
         self.data_dir = run_dir / f"{name}-data"
         self.run_dir = run_dir
         self.proc: subprocess.Popen | None = None
@@ -50,7 +52,7 @@ class FoldWorker:
         with open(self.log, "wb") as handle:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "compose.cli", "process", "--bootstrap", self.bootstrap, "--data-dir",
-                 str(self.data_dir), "--app-id", self.app_id, "--topic-prefix", self.prefix, "--log-level", "INFO"],
+                 str(self.data_dir), "--app-id", self.app_id, "--topic-prefix", self.prefix, "--log-level", "INFO", *self.extra_args],
                 stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
@@ -201,7 +203,7 @@ def assert_same_snapshots(emitted: dict[str, list[bytes]], work: Workload) -> No
         assert got[-1] == expected[-1], f"{rid}: the last snapshot differs from the clean run's"
 
 
-def describe_missing(records: list[Record], work: Workload) -> str:
+def describe_missing(records: list[Record], work: Workload, limit: int = 12) -> str:
     """For each rollout whose last snapshot is missing: (version, calls, markers) expected and emitted."""
     from schemas.codec import decode_snapshot
 
@@ -216,7 +218,17 @@ def describe_missing(records: list[Record], work: Workload) -> str:
         if last not in seen:
             lines.append(f"{rid}: expected {[brief(d) for d in work.expected_distinct[rid]]}, "
                          f"emitted {[brief(d) for d in got.get(rid, [])]}")
-    return "\n".join(lines) or "nothing missing"
+    if len(lines) > limit:
+        lines[limit:] = [f"... and {len(lines) - limit} more rollouts"]
+    return f"{len(work.expected_last)} rollouts, last snapshot missing for:\n" + "\n".join(lines) if lines \
+        else "nothing missing"
+
+
+def log_report(text: str, events: int = 80, stacks: int = 6000) -> str:
+    """A worker log, compacted for a failure message: its last log events, then the tail (task stacks)."""
+    logged = [line[:300] for line in text.splitlines()
+              if line.startswith("[20") and "dead letter" not in line and "Stack for" not in line]
+    return "\n".join(logged[-events:]) + "\n... tail:\n" + text[-stacks:]
 
 
 def all_last_seen(work: Workload) -> Callable[[list[Record]], bool]:

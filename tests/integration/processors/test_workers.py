@@ -33,6 +33,7 @@ from tests.integration.processors.harness import (
     describe_missing,
     emitted_by_rollout,
     group_assignment,
+    log_report,
     publish,
     topic_config,
     topic_names_for,
@@ -80,8 +81,9 @@ class Run:
         self.snapshots = TopicReader(bootstrap, self.topics.snapshots)
         self.workers: list[FoldWorker] = []
 
-    def worker(self, name: str) -> FoldWorker:
-        w = FoldWorker(self.bootstrap, self.run_dir, name, app_id=self.app_id, prefix=self.prefix)
+    def worker(self, name: str, *extra_args: str) -> FoldWorker:
+        w = FoldWorker(self.bootstrap, self.run_dir, name, app_id=self.app_id, prefix=self.prefix,
+                       extra_args=extra_args)
         self.workers.append(w)
         return w
 
@@ -101,7 +103,7 @@ class Run:
                 if w.proc is not None and w.proc.poll() is None:
                     os.kill(w.proc.pid, signal.SIGUSR1)
             time.sleep(3)
-            logs = "\n".join(f"--- {w.name} (start {w.starts})\n{w.log_text()[-20000:]}" for w in self.workers)
+            logs = "\n".join(f"--- {w.name} (start {w.starts})\n{log_report(w.log_text())}" for w in self.workers)
             raise AssertionError(f"{exc}\n{describe_missing(self.snapshots.records, work)}\n{logs}") from None
 
     def finish(self) -> dict[str, list[bytes]]:
@@ -180,6 +182,23 @@ def test_kill_9_mid_run_then_restart_recovers_from_the_changelog_with_identical_
         worker.wait_for("did not stop cleanly")  # the local tables are discarded ...
         worker.wait_for("Worker ready")  # ... and recovered from the changelog
         run.wait_all(workload)
+        emitted = run.finish()
+    finally:
+        run.close()
+    assert_same_as_clean(emitted, workload, clean)
+
+
+def test_a_worker_whose_offset_guard_seeks_every_millisecond_still_emits_every_snapshot(
+        kafka_bootstrap, tmp_path, workload, clean):
+    """Seeks from the event loop's thread once stalled the consumer thread's fetcher for good (seen in CI):
+    here the guard re-seeks and re-checks tails a thousand times a second, and the run must still finish."""
+    run = Run(kafka_bootstrap, tmp_path, "seeks")
+    try:
+        worker = run.worker("w", "--hole-check-interval", "0.001").start()
+        worker.wait_for("Worker ready")
+        run.publish(workload.records)
+        run.wait_all(workload)
+        assert "rewinding" in worker.log_text(), "the guard did seek"
         emitted = run.finish()
     finally:
         run.close()

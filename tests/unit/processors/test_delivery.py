@@ -49,8 +49,16 @@ class FakeConsumer:
     async def earliest_offsets(self, *tps):
         return {tp: self.earliest for tp in tps}
 
+    async def seek_wait(self, partitions):
+        self.seeks.extend((tp.partition, offset) for tp, offset in partitions.items())
+
     async def seek(self, tp, offset):
-        self.seeks.append((tp.partition, offset))
+        raise AssertionError("Consumer.seek drives aiokafka from the event loop's thread: use seek_wait")
+
+
+def fake_app(consumer: FakeConsumer, generation: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(consumer=consumer, consumer_generation_id=generation, rebalancing=False,
+                           in_recovery=False)
 
 
 def event(offset: int, generation: int = 1) -> FakeEvent:
@@ -59,7 +67,7 @@ def event(offset: int, generation: int = 1) -> FakeEvent:
 
 async def test_the_guard_admits_offsets_in_order_and_rewinds_over_a_hole():
     consumer = FakeConsumer(committed=10)
-    guard = OffsetGuard(SimpleNamespace(consumer=consumer), EVENTS.topic)
+    guard = OffsetGuard(fake_app(consumer), EVENTS.topic)
     dropped = event(12)
     assert not await guard.admit(dropped)  # 10 and 11 never reached the stream
     # Records fetched before the seek still arrive, each moving faust's read offset past the hole: seek again.
@@ -73,7 +81,7 @@ async def test_the_guard_admits_offsets_in_order_and_rewinds_over_a_hole():
 
 async def test_a_rewind_is_repeated_until_the_hole_arrives():
     consumer = FakeConsumer(committed=10)
-    guard = OffsetGuard(SimpleNamespace(consumer=consumer), EVENTS.topic, reseek_s=0.01)
+    guard = OffsetGuard(fake_app(consumer), EVENTS.topic, reseek_s=0.01)
     guard.start()
     assert not await guard.admit(event(12))
     await asyncio.sleep(0.05)
@@ -87,7 +95,7 @@ async def test_a_rewind_is_repeated_until_the_hole_arrives():
 
 async def test_a_hole_at_the_tail_is_found_once_the_stream_is_quiet():
     consumer = FakeConsumer(committed=10, end=14)
-    guard = OffsetGuard(SimpleNamespace(consumer=consumer), EVENTS.topic, reseek_s=0.01)
+    guard = OffsetGuard(fake_app(consumer), EVENTS.topic, reseek_s=0.01)
     assert await guard.admit(event(10)) and await guard.admit(event(11))  # 12 and 13 were dropped
     guard.start()
     await asyncio.sleep(0.05)
@@ -101,7 +109,7 @@ async def test_a_hole_at_the_tail_is_found_once_the_stream_is_quiet():
 
 async def test_a_new_generation_restarts_from_the_committed_offset():
     consumer = FakeConsumer(committed=10)
-    guard = OffsetGuard(SimpleNamespace(consumer=consumer), EVENTS.topic)
+    guard = OffsetGuard(fake_app(consumer), EVENTS.topic)
     assert await guard.admit(event(10)) and await guard.admit(event(11))
     consumer._committed_offset[EVENTS] = 20  # another member processed up to 19 meanwhile
     assert not await guard.admit(event(21, generation=2))
@@ -109,9 +117,26 @@ async def test_a_new_generation_restarts_from_the_committed_offset():
     assert await guard.admit(event(20, generation=2))
 
 
+async def test_the_watch_stands_still_during_a_rebalance_and_starts_over_from_the_new_generation():
+    consumer = FakeConsumer(committed=10, end=14)
+    app = fake_app(consumer)
+    guard = OffsetGuard(app, EVENTS.topic, reseek_s=0.01)
+    assert await guard.admit(event(10))
+    app.rebalancing = app.in_recovery = True  # the stream is paused: quiet by design, not a hole
+    app.consumer_generation_id = 2
+    guard.start()
+    await asyncio.sleep(0.05)
+    assert consumer.seeks == [] and guard.rewinds == 0
+    consumer._committed_offset[EVENTS] = 12  # the previous owner got as far as 11
+    app.rebalancing = app.in_recovery = False
+    await asyncio.sleep(0.05)
+    assert set(consumer.seeks) == {(0, 12)} and guard.rewinds == 1, "the tail check uses the new committed offset"
+    guard.stop()
+
+
 async def test_retention_moving_the_log_start_past_the_committed_offset_is_not_a_hole():
     consumer = FakeConsumer(committed=None, earliest=500)
-    guard = OffsetGuard(SimpleNamespace(consumer=consumer), EVENTS.topic)
+    guard = OffsetGuard(fake_app(consumer), EVENTS.topic)
     assert await guard.admit(event(500)) and consumer.seeks == []
 
 
