@@ -52,7 +52,8 @@ class FoldWorker:
         with open(self.log, "wb") as handle:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "compose.cli", "process", "--bootstrap", self.bootstrap, "--data-dir",
-                 str(self.data_dir), "--app-id", self.app_id, "--topic-prefix", self.prefix, "--log-level", "INFO", *self.extra_args],
+                 str(self.data_dir), "--app-id", self.app_id, "--topic-prefix", self.prefix, "--log-level", "INFO",
+                 *self.extra_args],
                 stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
@@ -218,10 +219,11 @@ def describe_missing(records: list[Record], work: Workload, limit: int = 12) -> 
         if last not in seen:
             lines.append(f"{rid}: expected {[brief(d) for d in work.expected_distinct[rid]]}, "
                          f"emitted {[brief(d) for d in got.get(rid, [])]}")
+    if not lines:
+        return "nothing missing"
     if len(lines) > limit:
         lines[limit:] = [f"... and {len(lines) - limit} more rollouts"]
-    return f"{len(work.expected_last)} rollouts, last snapshot missing for:\n" + "\n".join(lines) if lines \
-        else "nothing missing"
+    return f"{len(work.expected_last)} rollouts, last snapshot missing for:\n" + "\n".join(lines)
 
 
 def log_report(text: str, events: int = 80, stacks: int = 6000) -> str:
