@@ -201,10 +201,11 @@ class OffsetGuard:
             if offset > expected:
                 self._rewind(tp, expected, f"the stream skipped offsets {expected}..{offset - 1}")
         if offset > expected:
-            await self._seek(tp, expected)
-            # Not acked: its offset must not become committable. Released, so rebalances do not wait for it.
+            # Not acked: its offset must not become committable. Released first, so a rebalance (which
+            # waits for unacked messages) never waits on the seek, which needs the consumer thread.
             message.acked = True
             self._app.consumer._unacked_messages.discard(message)
+            await self._seek(tp, expected)
             return False
         self._rewinding.pop(tp, None)
         self._next[tp] = max(expected, offset + 1)
