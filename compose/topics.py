@@ -1,18 +1,20 @@
-"""Create tokentrail's topics on a broker, idempotently.
+"""Create tokentrail's topics on a broker, idempotently, and fill one in bulk.
 
 Guarantees: after `ensure_topics` returns, the four topics exist (created now, or
 already there: their existing settings are left alone); rollout-events keeps a week of
 history so replay works, and snapshots/rebuilt accept messages up to
 ``schemas.topics.MAX_MESSAGE_BYTES``. Any failure is a `TopicError` naming the topic,
-the broker and the reason.
+the broker and the reason. `produce_all` returns only once Kafka acknowledged every
+record (benchmarks and tests publish their workloads with it).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from schemas.topics import (DEFAULT_PARTITIONS, MAX_MESSAGE_BYTES, ROLLOUT_EVENTS_RETENTION_MS,
@@ -86,3 +88,30 @@ def _wait_for_broker(admin: AdminClient, bootstrap: str, timeout: float) -> None
             raise TopicError(f"no Kafka broker answered at {bootstrap} within {timeout:.0f} s: "
                              "check the address, or start one with `tokentrail kafka up`")
         time.sleep(0.2)
+
+
+def produce_all(producer: Producer, topic: str, records: Iterable[tuple[bytes, bytes]],
+                *, timeout: float = 120.0) -> None:
+    """Produce ``(key, value)`` records in order, waiting for room when the local queue is full.
+
+    Returns once Kafka acknowledged every record; otherwise raises `TopicError` with the
+    first delivery error or the number of records still unacknowledged after ``timeout``.
+    """
+    errors: list[KafkaError] = []
+
+    def on_delivery(err: KafkaError | None, _msg: object) -> None:
+        if err is not None:
+            errors.append(err)
+
+    for key, value in records:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+                break
+            except BufferError:  # the local queue is full: let deliveries drain it
+                producer.poll(0.1)
+        producer.poll(0)
+    left = producer.flush(timeout)
+    if errors or left:
+        first = errors[0].str() if errors else f"{left} records unacknowledged after {timeout:.0f} s"
+        raise TopicError(f"producing to {topic} failed: {first} ({len(errors)} delivery errors)")

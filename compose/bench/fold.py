@@ -137,7 +137,7 @@ def faust_worker(records: list[tuple[bytes, bytes]], bootstrap: str, run_dir: Pa
     """Publish ``records``, let one worker fold them, and read its changelog and snapshots back."""
     import confluent_kafka
 
-    from compose.topics import ensure_topics
+    from compose.topics import ensure_topics, produce_all
     from producers.publisher import producer_config
     from schemas.topics import topic_names
 
@@ -146,15 +146,7 @@ def faust_worker(records: list[tuple[bytes, bytes]], bootstrap: str, run_dir: Pa
     names = topic_names(prefix)
     ensure_topics(bootstrap, names)
     # The interceptor's producer settings (idempotent, acks=all, Java-compatible partitioner), batched.
-    producer = confluent_kafka.Producer(producer_config(bootstrap, linger_ms=20))
-    for key, value in records:
-        while True:
-            try:
-                producer.produce(names.rollout_events, key=key, value=value)
-                break
-            except BufferError:
-                producer.poll(0.1)
-    assert producer.flush(120) == 0, "the workload was not acknowledged"
+    produce_all(confluent_kafka.Producer(producer_config(bootstrap, linger_ms=20)), names.rollout_events, records)
     log = run_dir / "worker.log"
     with open(log, "wb") as out:
         worker = subprocess.Popen([sys.executable, "-m", "compose.cli", "process", "--bootstrap", bootstrap,

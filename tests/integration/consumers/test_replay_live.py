@@ -15,7 +15,7 @@ import confluent_kafka
 import pytest
 
 from compose.harness import failing_tool, run_rollout
-from compose.topics import ensure_topics
+from compose.topics import ensure_topics, produce_all
 from consumers.eventlog import EventLog
 from consumers.rebuild import to_json_line
 from consumers.replay import replay_rollout
@@ -96,20 +96,16 @@ def test_one_rollout_is_found_in_a_100k_event_log_with_bounded_memory(kafka_boot
                                          "linger.ms": 20, "batch.num.messages": 10000, "acks": "all"})
     target = "needle-rollout"
     noise = [encode_event(event(f"hay-{i}", incomplete(f"{i:032x}"))) for i in range(1000)]
-    total = 0
-    for i in range(100_000):
-        if i % 10_000 == 5_000:  # the needle's 10 events are spread through the log
-            value, key = encode_event(event(target, incomplete(f"{i:032x}"))), key_for(target)
-        else:
-            value, key = noise[i % 1000], f"hay-{i % 1000}".encode()
-        total += len(value)
-        while True:
-            try:
-                producer.produce(topics.rollout_events, key=key, value=value)
-                break
-            except BufferError:
-                producer.poll(0.1)
-    assert producer.flush(60) == 0
+
+    def records():
+        for i in range(100_000):
+            if i % 10_000 == 5_000:  # the needle's 10 events are spread through the log
+                yield key_for(target), encode_event(event(target, incomplete(f"{i:032x}")))
+            else:
+                yield f"hay-{i % 1000}".encode(), noise[i % 1000]
+
+    total = sum(len(value) for _, value in records())
+    produce_all(producer, topics.rollout_events, records(), timeout=60)
     log = EventLog(kafka_bootstrap, topics.rollout_events)
     tracemalloc.start()
     try:

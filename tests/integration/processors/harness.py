@@ -23,6 +23,7 @@ from pathlib import Path
 import confluent_kafka
 from confluent_kafka.admin import AdminClient
 
+from compose.topics import produce_all
 from processors.fold import apply_writes, fold_raw
 from schemas.codec import encode_event
 from schemas.records import RolloutEvent
@@ -95,11 +96,7 @@ def publish(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> N
         "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
         "partitioner": PRODUCER_PARTITIONER, "message.max.bytes": MAX_MESSAGE_BYTES, "linger.ms": 5,
     })
-    errors: list = []
-    for key, value in records:
-        producer.produce(topic, key=key, value=value, on_delivery=lambda err, _m: err and errors.append(err))
-        producer.poll(0)
-    assert producer.flush(60) == 0 and not errors, errors
+    produce_all(producer, topic, records, timeout=60)
 
 
 @dataclass
