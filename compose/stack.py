@@ -55,6 +55,7 @@ class LocalStack:
     consumer_args: tuple[str, ...] = ()
     processor_id: str = "tokentrail-processor"
     with_pipeline: bool = True  # False: only the policy server and the interceptor (benchmarks)
+    upstream_url: str | None = None  # a running engine (real vLLM) instead of a spawned `tokentrail policy`
     services: dict[str, Service] = field(default_factory=dict)
 
     @property
@@ -71,10 +72,11 @@ class LocalStack:
         ensure_topics(self.bootstrap, self.topics)
         prefix = ("--topic-prefix", self.topic_prefix)
         try:
-            policy = self._spawn("policy", "policy", "--port", "0", *self.policy_args, env=self.policy_env)
-            policy.url = self._wait_line(policy, "policy listening on ").split()[-1]
+            if self.upstream_url is None:
+                policy = self._spawn("policy", "policy", "--port", "0", *self.policy_args, env=self.policy_env)
+                policy.url = self._wait_line(policy, "policy listening on ").split()[-1]
             port = _free_port()
-            interceptor = self._spawn("interceptor", "intercept", "--upstream", policy.url, "--bootstrap",
+            interceptor = self._spawn("interceptor", "intercept", "--upstream", self.policy_url, "--bootstrap",
                                       self.bootstrap, "--port", str(port), *prefix, *self.intercept_args,
                                       env={"TOKENTRAIL_CONTROL_TOKEN": self.control_token})
             interceptor.url = f"http://127.0.0.1:{port}"
@@ -107,7 +109,29 @@ class LocalStack:
     # -- use ----------------------------------------------------------------------
     @property
     def policy_url(self) -> str:
-        return str(self.services["policy"].url)
+        """The engine's base URL: the spawned reference server, or ``upstream_url``."""
+        return self.upstream_url or str(self.services["policy"].url)
+
+    @property
+    def upstream_kind(self) -> str:
+        return "reference" if self.upstream_url is None else "vllm"
+
+    def rescore(self, token_ids: list[int]) -> list[float]:
+        """log p(t_i | t_<i) for i = 1..n-1, recomputed by the engine in one forward pass.
+
+        The reference server has a scoring route; vLLM scores a prompt with ``prompt_logprobs``
+        (``/v1/completions`` with the ids as the prompt: one entry per token, the first null).
+        """
+        if self.upstream_url is None:
+            r = httpx.post(f"{self.policy_url}/tokentrail/score", json={"token_ids": token_ids, "start": 1}, timeout=120)
+            r.raise_for_status()
+            return r.json()["logprobs"]
+        model = httpx.get(f"{self.policy_url}/v1/models", timeout=30).json()["data"][0]["id"]
+        r = httpx.post(f"{self.policy_url}/v1/completions", timeout=300, json={
+            "model": model, "prompt": token_ids, "max_tokens": 1, "prompt_logprobs": 0})
+        r.raise_for_status()
+        entries = r.json()["choices"][0]["prompt_logprobs"]
+        return [entry[str(token)]["logprob"] for entry, token in zip(entries[1:], token_ids[1:], strict=True)]
 
     @property
     def interceptor_url(self) -> str:
