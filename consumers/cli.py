@@ -1,4 +1,11 @@
-"""``tokentrail consume``: rebuild finished rollouts and deliver them to a sink."""
+"""``tokentrail consume``: rebuild finished rollouts and deliver them to a sink.
+
+The topics must exist first (`tokentrail topics`): a consumer that finds one it
+reads or writes missing after ``--topic-wait`` seconds (or no broker answering)
+exits 4 with the missing topics and the command that creates them, instead of
+polling for ever. Exit 0 after a stop, 2 on invalid settings, 3 when delivery
+stopped on a failure, 4 when topics or the broker are missing.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,10 @@ import signal
 import sys
 
 from pydantic import ValidationError
+
+from schemas.topics import DEFAULT_TOPIC_WAIT_S
+
+EXIT_TOPICS_UNAVAILABLE = 4
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +38,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mask-fraction-min-samples", type=int, default=50)
     parser.add_argument("--max-rollouts", type=int, help="stop after delivering this many rollouts")
     parser.add_argument("--topic-prefix", default="", help="prefix of every topic name (isolation)")
+    parser.add_argument("--topic-wait", type=float, default=DEFAULT_TOPIC_WAIT_S, metavar="SECONDS",
+                        help="how long to wait at startup for the broker and the topics before exiting 4 "
+                             f"(default {DEFAULT_TOPIC_WAIT_S:g})")
     parser.add_argument("--log-level", default="WARNING")
 
 
@@ -51,7 +65,8 @@ def main(args: argparse.Namespace) -> int:
         settings = ConsumerSettings(bootstrap=args.bootstrap, group_id=args.group_id, sink=args.sink,
                                     sink_kwargs=kwargs, project_response=not args.no_response, rules=rules,
                                     max_mask_fraction=args.max_mask_fraction,
-                                    mask_fraction_min_samples=args.mask_fraction_min_samples, topics=topics)
+                                    mask_fraction_min_samples=args.mask_fraction_min_samples, topics=topics,
+                                    topic_wait_s=args.topic_wait)
     except (ValidationError, ValueError) as exc:
         print(f"tokentrail consume: invalid settings: {exc}", file=sys.stderr)
         return 2
@@ -69,6 +84,7 @@ def main(args: argparse.Namespace) -> int:
 async def _run(settings, sink, max_rollouts) -> int:
     from consumers.loop import MaskFractionExceeded, RebuildConsumer
     from schemas.errors import TransportError
+    from schemas.topics import TopicsUnavailable
 
     consumer = RebuildConsumer(settings, sink)
     stop = asyncio.Event()
@@ -78,6 +94,9 @@ async def _run(settings, sink, max_rollouts) -> int:
     code = 0
     try:
         await consumer.run(stop=stop, max_rollouts=max_rollouts)
+    except TopicsUnavailable as exc:
+        print(f"tokentrail consume: {exc}", file=sys.stderr)
+        code = EXIT_TOPICS_UNAVAILABLE
     except (MaskFractionExceeded, TransportError) as exc:
         print(f"tokentrail consume: {exc}", file=sys.stderr)
         code = 3

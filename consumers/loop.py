@@ -16,6 +16,13 @@ bounded. With ``max_mask_fraction`` set, once ``mask_fraction_min_samples``
 rollouts were rebuilt, a masked fraction above the limit stops the consumer
 with ``MaskFractionExceeded`` listing the mask reasons, before that rollout is
 delivered.
+
+Before its first poll, a consumer on real Kafka clients waits at most
+``topic_wait_s`` for the topics it reads and writes (`required_topics`) to
+exist, and otherwise raises ``TopicsUnavailable`` naming them and the
+`tokentrail topics` command, instead of polling UNKNOWN_TOPIC for ever. It never
+creates them: their partition count is the per-rollout ordering contract,
+decided by `tokentrail topics`.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import logging
 import socket
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +47,7 @@ from schemas.codec import decode_snapshot, encode_event
 from schemas.errors import CodecError, TokentrailError, TransportError
 from schemas.ids import new_event_id
 from schemas.records import RebuiltRollout, RetireRequested, RolloutEvent
-from schemas.topics import MAX_MESSAGE_BYTES, PRODUCER_PARTITIONER, key_for
+from schemas.topics import MAX_MESSAGE_BYTES, PRODUCER_PARTITIONER, key_for, wait_for_topics
 
 log = logging.getLogger("tokentrail.consumer")
 
@@ -61,16 +69,59 @@ class ConsumerStats:
     mask_reasons: Counter[str] = field(default_factory=Counter)
 
 
+_QUIET = logging.getLogger("tokentrail.consumer.librdkafka")
+_QUIET.propagate, _QUIET.disabled = False, True
+
+
+def required_topics(settings: ConsumerSettings) -> list[str]:
+    """The topics a consumer with ``settings`` reads and writes on ``settings.bootstrap``.
+
+    Snapshots (read), dead letters, rollout-events when it retires, and the topic of the
+    Kafka sink the settings build (``sink="kafka"`` with ``sink_kwargs`` naming this
+    cluster's bootstrap and the topic, as `tokentrail consume` passes them); a sink object
+    built some other way is the caller's to check.
+    """
+    topics = [settings.topics.snapshots, settings.topics.deadletter]
+    if settings.retire:
+        topics.append(settings.topics.rollout_events)
+    kwargs = settings.sink_kwargs
+    if settings.sink == "kafka" and kwargs.get("bootstrap") == settings.bootstrap and kwargs.get("topic"):
+        topics.append(str(kwargs["topic"]))
+    return topics
+
+
+def check_topics(settings: ConsumerSettings, *, admin: Any = None) -> None:
+    """Return once `required_topics` exist; ``TopicsUnavailable`` after ``settings.topic_wait_s``.
+
+    ``admin`` replaces the confluent-kafka AdminClient (tests).
+    """
+    if admin is None:
+        from confluent_kafka.admin import AdminClient
+
+        # librdkafka would print every refused connection; the outcome reaches the caller.
+        admin = AdminClient({"bootstrap.servers": settings.bootstrap, "logger": _QUIET,
+                             "reconnect.backoff.max.ms": 1000})
+    wait_for_topics(admin, required_topics(settings), bootstrap=settings.bootstrap, names=settings.topics,
+                    timeout=settings.topic_wait_s)
+
+
 class RebuildConsumer:
     """Consumes ``tokentrail.snapshots`` in a consumer group and feeds one sink.
 
     ``kafka_consumer`` / ``kafka_producer`` replace the confluent-kafka clients
-    (tests); the consumer must already be subscribed.
+    (tests); the consumer must already be subscribed. ``topic_check`` (default: on
+    with a real consumer, off with a replaced one) makes the first `run` wait for
+    `required_topics` with `check_topics`; a callable ``(settings) -> None`` replaces
+    that check (tests).
     """
 
     def __init__(self, settings: ConsumerSettings, sink: TrainerSink, *, kafka_consumer: Any = None,
-                 kafka_producer: Any = None) -> None:
+                 kafka_producer: Any = None,
+                 topic_check: bool | Callable[[ConsumerSettings], None] | None = None) -> None:
         self.settings = settings
+        if topic_check is None:
+            topic_check = kafka_consumer is None
+        self._topic_check = check_topics if topic_check is True else (topic_check or None)
         self.sink = sink
         rules = settings.rebuild_rules()
         if not getattr(sink, "include_response", True):
@@ -113,9 +164,14 @@ class RebuildConsumer:
 
         Raises ``DeliveryFailed`` when the sink failed and ``MaskFractionExceeded``
         when the masked fraction went over the limit (after pending deliveries
-        settled; nothing undelivered is committed either way).
+        settled; nothing undelivered is committed either way); ``TopicsUnavailable``
+        before consuming anything when a required topic is still missing after
+        ``topic_wait_s``.
         """
         stop = stop or asyncio.Event()
+        if self._topic_check is not None:  # before the first poll: never poll a missing topic for ever
+            await asyncio.to_thread(self._topic_check, self.settings)
+            self._topic_check = None
         slots = asyncio.Semaphore(self.window)
         pending: set[asyncio.Task[None]] = set()
         failure: list[BaseException] = []

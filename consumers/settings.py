@@ -8,7 +8,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from consumers.rebuild.rules import RebuildRules
 from schemas.errors import ConfigError
-from schemas.topics import TopicNames, check_bootstrap
+from schemas.topics import DEFAULT_TOPIC_WAIT_S, TopicNames, check_bootstrap
 
 Bootstrap = Annotated[str, AfterValidator(check_bootstrap)]
 
@@ -31,6 +31,8 @@ class ConsumerSettings(BaseModel):
     shutdown_grace_s: float = Field(10.0, ge=0.0, description="How long stop waits for pending deliveries")
     poll_timeout_s: float = 0.5
     session_timeout_ms: int = 10_000
+    topic_wait_s: float = Field(DEFAULT_TOPIC_WAIT_S, ge=0.0, description="How long startup waits for the broker "
+                                "and for the topics the consumer reads and writes to exist before it gives up")
 
     @field_validator("rules")
     @classmethod

@@ -25,6 +25,12 @@ Guarantees, and the Faust behaviour each one rests on:
   data dir carries a marker while the worker runs; it is removed only after a
   clean stop (every event acked, producer flushed), and a worker that finds
   it at start discards the local tables and recovers them from the changelog.
+- No silent wait for topics: before the worker starts, `check_topics` waits at
+  most ``ProcessorSettings.topic_wait_s`` for rollout-events, snapshots and the
+  dead-letter topic to exist, and otherwise raises ``TopicsUnavailable`` naming
+  them and the `tokentrail topics` command (Faust would log "Ignoring missing
+  topic" and wait for ever). The worker never creates them: their partition
+  count is the per-rollout ordering contract, decided by `tokentrail topics`.
 - Bounded resources: RocksDB memory per partition from
   ``ProcessorSettings.rocksdb``; the changelog is compacted (Faust's default
   for tables) and accepts messages up to ``MAX_MESSAGE_BYTES``, like the
@@ -44,9 +50,12 @@ import faust
 from processors.delivery import DirectChangelogTable, OffsetGuard, OrderedAcker
 from processors.fold import DeadLetter, fold_raw
 from processors.settings import ProcessorSettings
-from schemas.topics import MAX_MESSAGE_BYTES
+from schemas.topics import MAX_MESSAGE_BYTES, wait_for_topics
 
 log = logging.getLogger("tokentrail.processor")
+# librdkafka's own log of the startup topic check (refused connections); the outcome reaches the caller.
+_QUIET = logging.getLogger("tokentrail.processor.librdkafka")
+_QUIET.propagate, _QUIET.disabled = False, True
 
 STATE_TABLE = "rollout-state"
 RUNNING_MARKER = "tokentrail-worker.running"
@@ -159,6 +168,25 @@ def create_app(settings: ProcessorSettings) -> ProcessorApp:
 
     app.tokentrail_table = table  # type: ignore[attr-defined]
     return app
+
+
+def required_topics(settings: ProcessorSettings) -> list[str]:
+    """The topics the worker reads (rollout-events) and writes (snapshots, dead letters)."""
+    return [settings.topics.rollout_events, settings.topics.snapshots, settings.topics.deadletter]
+
+
+def check_topics(settings: ProcessorSettings, *, admin: Any = None) -> None:
+    """Return once `required_topics` exist; ``TopicsUnavailable`` after ``settings.topic_wait_s``.
+
+    ``admin`` replaces the confluent-kafka AdminClient (tests).
+    """
+    if admin is None:
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": settings.bootstrap, "logger": _QUIET,
+                             "reconnect.backoff.max.ms": 1000})
+    wait_for_topics(admin, required_topics(settings), bootstrap=settings.bootstrap, names=settings.topics,
+                    timeout=settings.topic_wait_s, partitions=settings.partitions)
 
 
 def claim_local_state(app: faust.App) -> bool:

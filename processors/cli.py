@@ -3,6 +3,11 @@
 Run several with the same ``--app-id`` (one ``--data-dir`` each) to split the
 partitions; SIGTERM stops a worker cleanly, and a worker killed any other way
 recovers its tables from the changelog at the next start (``processors.app``).
+
+The topics must exist first (`tokentrail topics`): a worker that finds one of
+them missing after ``--topic-wait`` seconds (or no broker answering) exits 4
+with the missing topics and the command that creates them, instead of waiting.
+Exit 0 after a stop, 2 on invalid settings, 4 when topics or the broker are missing.
 """
 
 from __future__ import annotations
@@ -14,6 +19,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from schemas.topics import DEFAULT_TOPIC_WAIT_S
+
+EXIT_TOPICS_UNAVAILABLE = 4
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
@@ -24,6 +33,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topic-prefix", default="", help="prefix of every topic name (isolation)")
     parser.add_argument("--hole-check-interval", type=float, default=1.0, metavar="SECONDS",
                         help="how often the offset guard repeats a rewind and checks quiet partitions' tails")
+    parser.add_argument("--topic-wait", type=float, default=DEFAULT_TOPIC_WAIT_S, metavar="SECONDS",
+                        help="how long to wait at startup for the broker and the topics before exiting 4 "
+                             f"(default {DEFAULT_TOPIC_WAIT_S:g})")
     parser.add_argument("--log-level", default="WARNING")
 
 
@@ -34,13 +46,20 @@ def main(args: argparse.Namespace) -> int:
     try:
         settings = ProcessorSettings(bootstrap=args.bootstrap, data_dir=args.data_dir, app_id=args.app_id,
                                      partitions=args.partitions, topics=topic_names(args.topic_prefix),
-                                     hole_check_interval_s=args.hole_check_interval)
+                                     hole_check_interval_s=args.hole_check_interval,
+                                     topic_wait_s=args.topic_wait)
     except ValidationError as exc:
         print(f"tokentrail process: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    from processors.app import claim_local_state, create_app, release_local_state
+    from processors.app import check_topics, claim_local_state, create_app, release_local_state
+    from schemas.topics import TopicsUnavailable
 
+    try:
+        check_topics(settings)
+    except TopicsUnavailable as exc:
+        print(f"tokentrail process: {exc}", file=sys.stderr)
+        return EXIT_TOPICS_UNAVAILABLE
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(settings)
     claim_local_state(app)

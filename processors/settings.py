@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from schemas.topics import DEFAULT_PARTITIONS, TopicNames, check_bootstrap
+from schemas.topics import DEFAULT_PARTITIONS, DEFAULT_TOPIC_WAIT_S, TopicNames, check_bootstrap
 
 Bootstrap = Annotated[str, AfterValidator(check_bootstrap)]
 
@@ -47,3 +47,5 @@ class ProcessorSettings(BaseModel):
     web_port: int | None = Field(None, description="Faust's web server (metrics); off unless set")
     hole_check_interval_s: float = Field(1.0, gt=0, description="How often the offset guard repeats its "
                                          "rewinds and looks for a hole at a quiet partition's tail")
+    topic_wait_s: float = Field(DEFAULT_TOPIC_WAIT_S, ge=0, description="How long startup waits for the broker "
+                                "and for the topics the worker reads and writes to exist before it gives up")

@@ -8,7 +8,12 @@ where Java, aiokafka and Faust put them (librdkafka's default, CRC32, does not).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
+
+from schemas.errors import TokentrailError
 
 ROLLOUT_EVENTS = "tokentrail.rollout-events"
 SNAPSHOTS = "tokentrail.snapshots"
@@ -56,3 +61,90 @@ def check_bootstrap(value: str) -> str:
     if not value or any(":" not in part for part in value.split(",")):
         raise ValueError(f"bootstrap must be host:port[,host:port], got {value!r}")
     return value
+
+
+# ------------------------------------------------------------------ startup check
+# The runtime processes never create topics: `tokentrail topics` is the one place that
+# decides partition counts and topic configs (a topic auto-created with another partition
+# count puts a rollout's events on another partition, breaking per-rollout order). They
+# check at startup, for a bounded time, that the topics they read and write exist, and
+# otherwise stop with this message instead of waiting for ever.
+
+DEFAULT_TOPIC_WAIT_S = 10.0
+
+
+class TopicsUnavailable(TokentrailError):
+    """Topics a process needs are missing (or no broker answered) after the bounded startup wait."""
+
+    def __init__(self, message: str, missing: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+def topic_prefix(names: TopicNames) -> str | None:
+    """The prefix ``names`` were made with by `topic_names`, or None if they are not all of that form."""
+    if not names.rollout_events.endswith(ROLLOUT_EVENTS):
+        return None
+    prefix = names.rollout_events.removesuffix(ROLLOUT_EVENTS)
+    return prefix if topic_names(prefix) == names else None
+
+
+def topics_command(bootstrap: str, names: TopicNames, partitions: int | None = None) -> str:
+    """The `tokentrail topics` command line that creates ``names`` on ``bootstrap``."""
+    parts = ["tokentrail", "topics", "--bootstrap", bootstrap]
+    prefix = topic_prefix(names)
+    if prefix:
+        parts += ["--topic-prefix", prefix]
+    if partitions is not None and partitions != DEFAULT_PARTITIONS:
+        parts += ["--partitions", str(partitions)]
+    return " ".join(parts)
+
+
+def wait_for_topics(admin: Any, required: Iterable[str], *, bootstrap: str, names: TopicNames,
+                    timeout: float = DEFAULT_TOPIC_WAIT_S, partitions: int | None = None,
+                    sleep: Callable[[float], None] = time.sleep,
+                    clock: Callable[[], float] = time.monotonic) -> None:
+    """Return once every topic in ``required`` exists on the broker; `TopicsUnavailable` after ``timeout``.
+
+    ``admin`` is anything with confluent-kafka's ``list_topics(timeout=...)`` (an AdminClient,
+    Producer or Consumer); it is asked for the metadata of all topics, which never auto-creates
+    one. A topic that exists but whose metadata carries an error (a leader not elected yet, just
+    after creation) counts as missing until the error clears. The message names the missing
+    topics and the `tokentrail topics` command that creates them (``names``/``partitions``: the
+    topic names and partition count the caller was configured with).
+    """
+    wanted = list(dict.fromkeys(required))
+    deadline = clock() + timeout
+    answered, last_error, missing, errors = False, "", wanted, {}
+    while True:
+        try:
+            metadata = admin.list_topics(timeout=max(0.1, min(2.0, deadline - clock())))
+        except Exception as exc:  # the client's own error type; this module imports no client
+            last_error = f"{type(exc).__name__}: {exc}"
+        else:
+            if metadata.brokers:
+                answered = True
+                topics = metadata.topics
+                missing = [t for t in wanted if t not in topics or topics[t].error is not None]
+                if not missing:
+                    return
+                errors = {t: str(topics[t].error) for t in missing if t in topics}
+        if clock() >= deadline:
+            break
+        sleep(min(0.25, max(0.0, deadline - clock())))
+    if not answered:
+        raise TopicsUnavailable(
+            f"no Kafka broker answered at {bootstrap} within {timeout:g} s"
+            + (f" ({last_error})" if last_error else "")
+            + ": check --bootstrap, or start a broker (`tokentrail kafka up`) and create the topics with "
+            f"`{topics_command(bootstrap, names, partitions)}`", tuple(wanted))
+    standard = ({names.rollout_events, names.snapshots, names.rebuilt, names.deadletter}
+                if topic_prefix(names) is not None else set())
+    others = [t for t in missing if t not in standard]
+    listed = ", ".join(f"{t} ({errors[t]})" if t in errors else t for t in missing)
+    many = len(missing) > 1
+    message = (f"missing Kafka topic{'s' if many else ''} on {bootstrap} after waiting {timeout:g} s: {listed}. "
+               f"Create {'them' if many else 'it'} with `{topics_command(bootstrap, names, partitions)}`")
+    if others:
+        message += f" (it creates only tokentrail's own topics: create {', '.join(others)} yourself)"
+    raise TopicsUnavailable(message + ", then start this process again.", tuple(missing))
