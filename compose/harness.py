@@ -40,6 +40,22 @@ def failing_tool(fail_at: int) -> ToolImpl:
     return impl
 
 
+def overflowing_tool(fail_at: int, words: int = 40_000) -> ToolImpl:
+    """A tool whose ``fail_at``-th result overflows the engine's context: a real engine refuses the next call (4xx)."""
+
+    def impl(name: str, arguments: dict[str, Any], n: int) -> str:
+        if n == fail_at:
+            return "x " * words
+        return weather_tool(name, arguments, n)
+
+    return impl
+
+
+def fault_tool(engine: str, fail_at: int) -> ToolImpl:
+    """The mid-rollout engine failure each engine can be made to show: a 5xx (reference) or a refusal (vLLM)."""
+    return failing_tool(fail_at) if engine == "reference" else overflowing_tool(fail_at)
+
+
 @dataclass
 class Outcome:
     rollout_id: str

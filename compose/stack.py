@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from compose.topics import ensure_topics
+from compose.vllm_engine.engine import score_prompt
 from schemas.topics import TopicNames, topic_names
 
 
@@ -56,6 +57,7 @@ class LocalStack:
     processor_id: str = "tokentrail-processor"
     with_pipeline: bool = True  # False: only the policy server and the interceptor (benchmarks)
     upstream_url: str | None = None  # a running engine (real vLLM) instead of a spawned `tokentrail policy`
+    interceptor_in_engine: bool = False  # the engine runs the interceptor as middleware: spawn none
     services: dict[str, Service] = field(default_factory=dict)
 
     @property
@@ -75,12 +77,13 @@ class LocalStack:
             if self.upstream_url is None:
                 policy = self._spawn("policy", "policy", "--port", "0", *self.policy_args, env=self.policy_env)
                 policy.url = self._wait_line(policy, "policy listening on ").split()[-1]
-            port = _free_port()
-            interceptor = self._spawn("interceptor", "intercept", "--upstream", self.policy_url, "--bootstrap",
-                                      self.bootstrap, "--port", str(port), *prefix, *self.intercept_args,
-                                      env={"TOKENTRAIL_CONTROL_TOKEN": self.control_token})
-            interceptor.url = f"http://127.0.0.1:{port}"
-            self._wait_http(interceptor, "/healthz")
+            if not self.interceptor_in_engine:
+                port = _free_port()
+                interceptor = self._spawn("interceptor", "intercept", "--upstream", self.policy_url, "--bootstrap",
+                                          self.bootstrap, "--port", str(port), *prefix, *self.intercept_args,
+                                          env={"TOKENTRAIL_CONTROL_TOKEN": self.control_token})
+                interceptor.url = f"http://127.0.0.1:{port}"
+                self._wait_http(interceptor, "/healthz")
             if not self.with_pipeline:
                 return self
             processor = self._spawn("processor", "process", "--bootstrap", self.bootstrap, "--data-dir",
@@ -126,15 +129,12 @@ class LocalStack:
             r = httpx.post(f"{self.policy_url}/tokentrail/score", json={"token_ids": token_ids, "start": 1}, timeout=120)
             r.raise_for_status()
             return r.json()["logprobs"]
-        model = httpx.get(f"{self.policy_url}/v1/models", timeout=30).json()["data"][0]["id"]
-        r = httpx.post(f"{self.policy_url}/v1/completions", timeout=300, json={
-            "model": model, "prompt": token_ids, "max_tokens": 1, "prompt_logprobs": 0})
-        r.raise_for_status()
-        entries = r.json()["choices"][0]["prompt_logprobs"]
-        return [entry[str(token)]["logprob"] for entry, token in zip(entries[1:], token_ids[1:], strict=True)]
+        return score_prompt(self.policy_url, token_ids)
 
     @property
     def interceptor_url(self) -> str:
+        if self.interceptor_in_engine:
+            return self.policy_url
         return str(self.services["interceptor"].url)
 
     def capture_base_url(self, rollout_id: str) -> str:

@@ -41,6 +41,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deployment", choices=["proxy", "middleware", "both"], default="both",
                         help="proxy: tokentrail intercept in front of the engine; middleware: inside its server")
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    parser.add_argument("--engine", choices=["reference", "vllm"], default="reference",
+                        help="reference: tokentrail policy (decode emulated); vllm: the real engine (CPU build, "
+                             "`make vllm`) on the tiny random-weight checkpoint")
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -104,23 +107,36 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
     """One deployment: ``proxy`` (``tokentrail intercept`` in front of the engine: one more HTTP hop) or
     ``middleware`` (the capture inside the engine's server, as ``vllm serve --middleware``; the baseline is
     the same server's uncaptured route)."""
+    import contextlib
+
     import httpx
 
     from compose.stack import LocalStack
+    from compose.vllm_engine.engine import SERVED_NAME, VllmEngine
 
     prompt = " ".join(f"word{i % 977} and" for i in range(args.prompt_words // 2))
-    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": args.gen_tokens,
-            "ignore_eos": True}
+    body = {"model": SERVED_NAME if args.engine == "vllm" else "m", "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": args.gen_tokens, "ignore_eos": True}
     direct_body = {**body, "return_token_ids": True, "logprobs": True, "top_logprobs": 0, "include_reasoning": True}
     tag = time.strftime("%H%M%S")
     prefix = f"bench{deployment}{tag}."
     policy_args: tuple[str, ...] = ("--decode-ms-per-token", str(args.decode_ms_per_token))
     policy_env: dict[str, str] = {}
+    middleware: tuple[str, ...] = ()
     if deployment == "middleware":
-        policy_args += ("--middleware", "producers.middleware.TokentrailMiddleware")
+        middleware = ("--middleware", "producers.middleware.TokentrailMiddleware")
         policy_env = {"TOKENTRAIL_BOOTSTRAP": bootstrap, "TOKENTRAIL_TOPIC_PREFIX": prefix}
-    with LocalStack(bootstrap, run_dir, topic_prefix=prefix, with_pipeline=False, policy_args=policy_args,
-                    policy_env=policy_env) as stack:
+    with contextlib.ExitStack() as running:
+        engine_url = None
+        if args.engine == "vllm":
+            engine_url = running.enter_context(VllmEngine(run_dir / "vllm", variant="random", env=policy_env,
+                                                          extra_args=middleware)).url
+        else:
+            policy_args += middleware
+        stack = running.enter_context(LocalStack(
+            bootstrap, run_dir, topic_prefix=prefix, with_pipeline=False, policy_args=policy_args,
+            policy_env=policy_env, upstream_url=engine_url,
+            interceptor_in_engine=engine_url is not None and deployment == "middleware"))
         capture_base = stack.interceptor_url if deployment == "proxy" else stack.policy_url
         via_url = f"{capture_base}/ng-rollout/bench-{tag}/training-token-capture/v1/chat/completions"
         direct_url = f"{stack.policy_url}/v1/chat/completions"
@@ -141,9 +157,10 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
         prompt_tokens = _prompt_tokens(stack.policy_url, body)
         metrics_path = "/metrics" if deployment == "proxy" else "/tokentrail/metrics"
         metrics = httpx.get(f"{capture_base}{metrics_path}", timeout=10).text
+    decode = ("real vLLM (CPU build), tiny random-weight checkpoint" if args.engine == "vllm" else
+              f"reference engine, decode {args.decode_ms_per_token} ms/token")
     print(f"== {deployment}: {len(via)} calls per path, concurrency {args.concurrency}, prompt {prompt_tokens} "
-          f"tokens, {args.gen_tokens} generated tokens, engine decode {args.decode_ms_per_token} ms/token, "
-          f"durable ack (acks=all) on every captured call")
+          f"tokens, {args.gen_tokens} generated tokens, {decode}, durable ack (acks=all) on every captured call")
     baseline = "direct to engine" if deployment == "proxy" else "uncaptured route"
     print(f"{baseline:<24} p50 {_ms(_pct(direct, 50))}   p99 {_ms(_pct(direct, 99))}")
     print(f"{'captured':<24} p50 {_ms(_pct(via, 50))}   p99 {_ms(_pct(via, 99))}")

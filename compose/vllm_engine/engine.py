@@ -134,6 +134,19 @@ class VllmEngine:
         self.stop()
 
 
+def score_prompt(url: str, token_ids: list[int]) -> list[float]:
+    """log p(t_i | t_<i) for i = 1..n-1 from vLLM's ``prompt_logprobs`` (one forward pass over the ids).
+
+    On this build the values are bit-equal to the log-probs sampled for the same ids.
+    """
+    model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+    r = httpx.post(f"{url}/v1/completions", timeout=300,
+                   json={"model": model, "prompt": token_ids, "max_tokens": 1, "prompt_logprobs": 0})
+    r.raise_for_status()
+    entries = r.json()["choices"][0]["prompt_logprobs"]  # first entry null; then {str(id): {logprob, ...}}
+    return [entry[str(token)]["logprob"] for entry, token in zip(entries[1:], token_ids[1:], strict=True)]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

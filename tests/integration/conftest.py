@@ -9,25 +9,16 @@ missing engine fails the run instead of passing it silently.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from compose.stack import LocalStack
-from compose.vllm_engine.engine import VllmEngine, unavailable_reason
+from compose.vllm_engine.engine import VllmEngine
+from tests.integration.engines import require_vllm
 
 UPSTREAMS = ["reference", pytest.param("vllm", marks=pytest.mark.vllm)]
-
-
-def require_vllm() -> None:
-    reason = unavailable_reason()
-    if reason is None:
-        return
-    if os.environ.get("CI") or os.environ.get("TOKENTRAIL_REQUIRE_VLLM") == "1":
-        pytest.fail(f"the real-vLLM tier must run here: {reason}")
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import uuid
 import confluent_kafka
 import pytest
 
-from compose.harness import failing_tool, run_rollout
+from compose.harness import fault_tool, run_rollout
 from compose.topics import ensure_topics, produce_all
 from consumers.eventlog import EventLog
 from consumers.rebuild import to_json_line
@@ -34,7 +34,7 @@ def live(stack):
     async def run():
         return await asyncio.gather(run_rollout(stack.capture_base_url(clean), clean, "weather in Paris?"),
                                     run_rollout(stack.capture_base_url(broken), broken, "weather in Rome?",
-                                                tool_impl=failing_tool(1)))
+                                                tool_impl=fault_tool(stack.upstream_kind, 1)))
 
     for o in asyncio.run(run()):
         stack.finish(o.rollout_id, {"reward": 0.0 if o.error else 1.0}, final_response_id=o.final_response_id,
@@ -85,8 +85,9 @@ def test_the_cli_names_the_failed_call_and_the_reason(live, stack, kafka_bootstr
     ).stdout
     assert f"rollout {broken}: MASKED" in out
     marker = next(line for line in out.splitlines() if line.strip().startswith("- call "))
-    assert "upstream_error HTTP 500" in marker
-    assert "capture_incomplete: upstream_error [calls" in out
+    reason, status = ("upstream_error", 500) if stack.upstream_kind == "reference" else ("engine_rejected", 400)
+    assert f"{reason} HTTP {status}" in marker
+    assert f"capture_incomplete: {reason}" in out
 
 
 def test_one_rollout_is_found_in_a_100k_event_log_with_bounded_memory(kafka_bootstrap):

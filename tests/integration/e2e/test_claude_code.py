@@ -1,16 +1,17 @@
 """The real Claude Code CLI (npm @anthropic-ai/claude-code), headless, offline, against the
-interceptor with the reference policy server behind it: a multi-turn tool-using session is
-captured, rebuilt as one unmasked chain, and is token-exact under re-scoring."""
+interceptor in front of either engine, and inside real vLLM as its middleware: a multi-turn
+tool-using session is captured, rebuilt as one unmasked chain, and is token-exact under re-scoring."""
 
 from __future__ import annotations
 
 import shutil
 import uuid
 
-import httpx
 import pytest
 
 from compose.stack import LocalStack
+from compose.vllm_engine.engine import VllmEngine
+from tests.integration.engines import require_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 
@@ -25,12 +26,29 @@ def claude():
 
 
 @pytest.fixture(scope="module")
-def cc_stack(kafka_bootstrap, tmp_path_factory):
+def cc_stack(kafka_bootstrap, tmp_path_factory, upstream):
     tag = uuid.uuid4().hex[:8]
-    # Claude Code's system prompt, tools and environment message are ~50 KB of text.
+    # Claude Code's system prompt, tools and environment message are ~50 KB of text: the reference
+    # server's word-level tokenizer needs a long context; vLLM keeps its 32768 (no extra configuration).
+    policy_args = ("--max-model-len", "262144") if upstream is None else ()
     with LocalStack(kafka_bootstrap, tmp_path_factory.mktemp("cc"), topic_prefix=f"cc{tag}.", processor_id=f"cc{tag}",
-                    policy_args=("--max-model-len", "262144")) as running:
+                    policy_args=policy_args, upstream_url=upstream) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def in_engine_stack(kafka_bootstrap, tmp_path_factory):
+    """Real vLLM started with ``--middleware producers.middleware.TokentrailMiddleware``: no proxy in between."""
+    require_vllm()
+    tag = uuid.uuid4().hex[:8]
+    prefix, token = f"mw{tag}.", "tokentrail-demo-token"
+    env = {"TOKENTRAIL_BOOTSTRAP": kafka_bootstrap, "TOKENTRAIL_TOPIC_PREFIX": prefix,
+           "TOKENTRAIL_CONTROL_TOKEN": token}
+    with VllmEngine(tmp_path_factory.mktemp("vllm-mw"), env=env,
+                    extra_args=("--middleware", "producers.middleware.TokentrailMiddleware")) as engine:
+        with LocalStack(kafka_bootstrap, tmp_path_factory.mktemp("mw"), topic_prefix=prefix, processor_id=f"mw{tag}",
+                        control_token=token, upstream_url=engine.url, interceptor_in_engine=True) as running:
+            yield running
 
 
 def _last_message_id(result) -> str | None:
@@ -38,25 +56,35 @@ def _last_message_id(result) -> str | None:
     return ids[-1] if ids else None
 
 
-def test_claude_code_session_is_captured_token_exact(claude, cc_stack, tmp_path):
+def _run_and_check(claude_stack: LocalStack, tmp_path) -> dict:
     from compose.claude_code import run_claude_code
 
     rid = f"claude-{uuid.uuid4().hex[:8]}"
     result = run_claude_code(
-        cc_stack.capture_base_url(rid).removesuffix("/v1"),
+        claude_stack.capture_base_url(rid).removesuffix("/v1"),
         "Check the working directory with one shell command, then summarise. #tool-calls=2",
-        workdir=tmp_path, timeout=180,
+        workdir=tmp_path, timeout=240,
     )
     assert result.ok, f"claude exited {result.returncode}: {result.stderr_tail}\n{result.stdout_tail}"
     tool_outputs = [r for r in result.tool_results()]
     assert len(tool_outputs) >= 2 and any("tokentrail" in str(r) for r in tool_outputs)
-    cc_stack.finish(rid, {"reward": 1.0}, final_response_id=_last_message_id(result), final_text=result.final_text)
-    record = cc_stack.wait_rollouts([rid], timeout=90)[rid]
+    claude_stack.finish(rid, {"reward": 1.0}, final_response_id=_last_message_id(result),
+                        final_text=result.final_text)
+    record = claude_stack.wait_rollouts([rid], timeout=90)[rid]
     m = record["_ng_token_capture"]
     assert record["mask_sample"] is False, record["mask_reasons"]
     assert m["n_calls"] >= 3 and m["chains"] == 1 and m["roots"] == 1 and m["delivered_fraction"] == 1.0
     traj = record["trajectory"]
-    scored = httpx.post(f"{cc_stack.policy_url}/tokentrail/score", json={"token_ids": traj["token_ids"], "start": 1},
-                        timeout=60).json()["logprobs"]
+    scored = claude_stack.rescore(traj["token_ids"])
     generated = [i for i, bit in enumerate(traj["loss_mask"]) if bit]
     assert [scored[i - 1] for i in generated] == traj["log_probs"]
+    return record
+
+
+def test_claude_code_session_is_captured_token_exact(claude, cc_stack, tmp_path):
+    _run_and_check(cc_stack, tmp_path)
+
+
+@pytest.mark.vllm
+def test_claude_code_streams_through_the_middleware_inside_vllm(claude, in_engine_stack, tmp_path):
+    _run_and_check(in_engine_stack, tmp_path)

@@ -1,12 +1,12 @@
-"""All three dialects, streaming and not, with the real SDKs through the whole pipeline: each
-rollout rebuilds as one unmasked chain and re-scoring reproduces every captured log-prob."""
+"""All three dialects, streaming and not, with the real SDKs through the whole pipeline, on both
+engines: each rollout rebuilds as one unmasked chain and re-scoring by the engine reproduces every
+captured log-prob, bit for bit."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
 
-import httpx
 import pytest
 
 from compose.harness import run_anthropic_rollout, run_responses_rollout, run_rollout
@@ -45,6 +45,5 @@ def test_dialect_rollout_is_unmasked_and_token_exact(dialect_runs, stack, dialec
     assert rec["mask_sample"] is False, rec["mask_reasons"]
     assert m["n_calls"] == outcomes[rid].calls >= 3 and m["chains"] == 1
     traj = rec["trajectory"]
-    scored = httpx.post(f"{stack.policy_url}/tokentrail/score", json={"token_ids": traj["token_ids"], "start": 1},
-                        timeout=30).json()["logprobs"]
+    scored = stack.rescore(traj["token_ids"])
     assert [scored[i - 1] for i, bit in enumerate(traj["loss_mask"]) if bit] == traj["log_probs"]
