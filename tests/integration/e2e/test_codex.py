@@ -1,5 +1,5 @@
 """The real OpenAI Codex CLI (npm @openai/codex), non-interactive and offline, against the
-interceptor with the reference policy server behind it: a multi-turn session that runs shell
+interceptor in front of either engine: a multi-turn session that runs shell
 commands through Codex's own ``exec_command`` tool is captured over the Responses API, rebuilt
 as one unmasked chain, and is token-exact under re-scoring."""
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 import shutil
 import uuid
 
-import httpx
 import pytest
 
 from compose.stack import LocalStack
@@ -30,11 +29,13 @@ def codex():
 
 
 @pytest.fixture(scope="module")
-def codex_stack(kafka_bootstrap, tmp_path_factory):
+def codex_stack(kafka_bootstrap, tmp_path_factory, upstream):
     tag = uuid.uuid4().hex[:8]
-    # Codex's instructions, skills list and tool schemas are ~40 KB of text per request.
+    # Codex's instructions, skills list and tool schemas are ~40 KB of text per request: the
+    # reference server's word-level tokenizer needs a long context; vLLM keeps its 32768.
+    policy_args = ("--max-model-len", "262144") if upstream is None else ()
     with LocalStack(kafka_bootstrap, tmp_path_factory.mktemp("codex"), topic_prefix=f"cx{tag}.",
-                    processor_id=f"cx{tag}", policy_args=("--max-model-len", "262144")) as running:
+                    processor_id=f"cx{tag}", policy_args=policy_args, upstream_url=upstream) as running:
         yield running
 
 
@@ -64,7 +65,6 @@ def test_codex_session_is_captured_token_exact(codex, codex_stack, tmp_path):
     assert record["mask_sample"] is False, record["mask_reasons"]
     assert m["n_calls"] >= 3 and m["chains"] == 1 and m["roots"] == 1 and m["delivered_fraction"] == 1.0
     traj = record["trajectory"]
-    scored = httpx.post(f"{codex_stack.policy_url}/tokentrail/score", json={"token_ids": traj["token_ids"], "start": 1},
-                        timeout=60).json()["logprobs"]
+    scored = codex_stack.rescore(traj["token_ids"])
     generated = [i for i, bit in enumerate(traj["loss_mask"]) if bit]
     assert generated and [scored[i - 1] for i in generated] == traj["log_probs"]
