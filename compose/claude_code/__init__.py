@@ -26,7 +26,8 @@ registry. This module makes that reproducible from a clean clone. It guarantees:
   ``--allowedTools`` rules such as ``Bash(echo:*)``.
 * No process outlives a run: the CLI runs under a small subreaper parent that, when the CLI
   exits or at the timeout, kills everything the CLI's tools left running (background jobs,
-  ``nohup``, ``setsid`` and double forks included).
+  ``nohup``, ``setsid`` and double forks included). That is ``compose.harness_process``, shared
+  with ``compose.codex``, as the install is ``compose.npm_cli``'s.
 * ``RecordingAnthropicStub``: a stdlib HTTP server that speaks enough of the Messages API
   (SSE and JSON, thinking/text/tool_use blocks, errors, ``count_tokens``, ``models``) for the
   CLI to finish multi-turn tool-using sessions, records every request and answer, and is

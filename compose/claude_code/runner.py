@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compose.claude_code.install import OFFLINE_ENV, _tail, ensure_claude_code
+from compose.claude_code.install import ensure_claude_code
+from compose.harness_process import base_env, json_events, prepare_home, run_headless, run_home, tail, with_overrides
 
-
+#: Environment that keeps the CLI offline and quiet, apart from the model API itself.
+OFFLINE_ENV: dict[str, str] = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_BUG_COMMAND": "1",
+    "CLAUDE_CODE_DISABLE_TERMINAL_TITLE": "1",
+    "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1",
+    "CLAUDE_CODE_IDE_SKIP_AUTO_INSTALL": "1",
+    "NO_UPDATE_NOTIFIER": "1",
+}
 
 
 @dataclass
@@ -57,7 +62,6 @@ class ClaudeCodeResult:
         return out
 
 
-
 def claude_code_env(base_url: str, home: Path, *, model: str | None = None,
                     extra: dict[str, str | None] | None = None) -> dict[str, str]:
     """The complete environment for one run (nothing is inherited but PATH and locale).
@@ -65,17 +69,7 @@ def claude_code_env(base_url: str, home: Path, *, model: str | None = None,
     ``extra`` overrides entries; a ``None`` value removes one.
     """
     env = {
-        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-        "LANG": os.environ.get("LANG", "C.UTF-8"),
-        "HOME": str(home),
-        "USER": os.environ.get("USER", "tokentrail"),
-        "SHELL": shutil.which("bash") or "/bin/sh",
-        "TERM": "dumb",
-        "TMPDIR": str(home / "tmp"),
-        "XDG_CONFIG_HOME": str(home / ".config"),
-        "XDG_CACHE_HOME": str(home / ".cache"),
-        "XDG_DATA_HOME": str(home / ".local" / "share"),
-        "XDG_STATE_HOME": str(home / ".local" / "state"),
+        **base_env(home),
         "CLAUDE_CONFIG_DIR": str(home / ".claude"),
         "ANTHROPIC_BASE_URL": base_url.rstrip("/"),
         "ANTHROPIC_API_KEY": "sk-ant-tokentrail-offline",
@@ -88,17 +82,7 @@ def claude_code_env(base_url: str, home: Path, *, model: str | None = None,
         env["ANTHROPIC_DEFAULT_HAIKU_MODEL"] = model
         env["ANTHROPIC_DEFAULT_SONNET_MODEL"] = model
         env["ANTHROPIC_DEFAULT_OPUS_MODEL"] = model
-    for key, value in (extra or {}).items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    return env
-
-
-def _prepare_home(home: Path) -> None:
-    for sub in ("tmp", ".config", ".cache", ".local/share", ".local/state", ".claude"):
-        (home / sub).mkdir(parents=True, exist_ok=True)
+    return with_overrides(env, extra)
 
 
 def run_claude_code(
@@ -133,99 +117,11 @@ def run_claude_code(
         argv += ["--allowedTools", ",".join(allowed_tools)]
     argv += list(extra_args or [])
     argv += ["--", prompt]
-    own_home = home is None
-    home_dir = Path(tempfile.mkdtemp(prefix="tokentrail-claude-home-")) if own_home else home
-    timed_out = False
-    try:
-        _prepare_home(home_dir)
-        # The reaper (see _REAPER) is the CLI's parent: it outlives the CLI, adopts whatever the
-        # CLI's tools left running (setsid and double forks included) and kills all of it.
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _REAPER, *argv], cwd=workdir,
-            env=claude_code_env(base_url, home_dir, model=model, extra=env),
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True)
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            proc.send_signal(signal.SIGTERM)  # the reaper kills the CLI and its descendants
-            try:
-                stdout, stderr = proc.communicate(timeout=15)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc.pid)
-                stdout, stderr = proc.communicate()
-        finally:
-            if proc.poll() is None:
-                _kill_group(proc.pid)
-                proc.wait()
-    finally:
-        if own_home:
-            shutil.rmtree(home_dir, ignore_errors=True)
-    out = stdout.decode("utf-8", "replace")
-    err = stderr.decode("utf-8", "replace")
-    events: list[dict[str, Any]] = []
-    for line in out.splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                pass
+    with run_home(home, prefix="tokentrail-claude-home-") as home_dir:
+        prepare_home(home_dir, ".claude")
+        done = run_headless(argv, cwd=workdir, env=claude_code_env(base_url, home_dir, model=model, extra=env),
+                            timeout=timeout)
+    events = json_events(done.stdout)
     result = next((e for e in reversed(events) if e.get("type") == "result"), None)
-    return ClaudeCodeResult(None if timed_out else proc.returncode, timed_out, result, events,
-                            _tail(out), _tail(err), argv)
-
-
-# Runs as ``python -c _REAPER claude ...``: makes itself the child subreaper (Linux), runs the
-# CLI, and once the CLI has exited (or on SIGTERM, after killing it) SIGKILLs every process that
-# is still its child, over and over, until it has no children left; orphans of the CLI's tools
-# are re-parented to it, so nothing started by the run survives it. Exits with the CLI's status.
-_REAPER = r"""
-import ctypes, os, signal, subprocess, sys, time
-try:
-    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-except Exception:
-    pass
-cli = subprocess.Popen(sys.argv[1:])
-signal.signal(signal.SIGTERM, lambda *_: cli.kill())
-while True:
-    try:
-        rc = cli.wait()
-        break
-    except InterruptedError:
-        continue
-me = os.getpid()
-while True:
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid == me:
-                try:
-                    os.kill(int(entry), signal.SIGKILL)
-                except OSError:
-                    pass
-    try:
-        pid, _ = os.waitpid(-1, os.WNOHANG)
-    except ChildProcessError:
-        break
-    if pid == 0:
-        time.sleep(0.02)
-sys.exit(rc if rc >= 0 else 128 - rc)
-"""
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-# --------------------------------------------------------------------------- recording stub
-
-
+    return ClaudeCodeResult(done.returncode, done.timed_out, result, events,
+                            tail(done.stdout), tail(done.stderr), argv)

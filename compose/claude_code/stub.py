@@ -7,9 +7,11 @@ import json
 import threading
 import uuid
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable
 from urllib.parse import parse_qsl, urlsplit
+
+from compose.stub_server import ServedStub
 
 
 @dataclass
@@ -85,7 +87,7 @@ def bash_then_text(command: str = "echo tokentrail", final: str = "Done: the com
     return scripted([bash_tool_use(command), text_reply(final)], side_text=side_text)
 
 
-class RecordingAnthropicStub:
+class RecordingAnthropicStub(ServedStub):
     """An Anthropic Messages API stand-in on 127.0.0.1 that records every request.
 
     Answers ``POST /v1/messages`` (SSE when ``stream`` is true, JSON otherwise) from a
@@ -121,25 +123,11 @@ class RecordingAnthropicStub:
             def do_DELETE(self) -> None:
                 stub._handle(self)
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
+        self._bind(host, port, Handler, name="anthropic-stub")
 
     @property
     def base_url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def __enter__(self) -> "RecordingAnthropicStub":
-        self._thread = threading.Thread(target=self._server.serve_forever, name="anthropic-stub", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        return self.url
 
     def messages_requests(self) -> list[RecordedRequest]:
         return [r for r in self.requests if r.method == "POST" and r.path.rstrip("/").endswith("/v1/messages")]

@@ -21,7 +21,8 @@ The twin of ``compose.claude_code`` for the Responses-API harness. It guarantees
   {base_url}/responses`` (streaming). See ``compose.codex.runner`` for the exact request and the
   default shell tool (``exec_command`` with ``{"cmd": "<shell command>"}``).
 * No process outlives a run: the CLI runs under a small subreaper parent that, when the CLI exits
-  or at the timeout, kills everything the CLI's tools left running.
+  or at the timeout, kills everything the CLI's tools left running (``compose.harness_process``,
+  shared with ``compose.claude_code``, as the install is ``compose.npm_cli``'s).
 * ``RecordingResponsesStub``: a stdlib HTTP server that speaks enough of the Responses API (SSE
   and JSON, message and function_call items, errors) for the CLI to finish multi-turn tool-using
   sessions, and records every request.

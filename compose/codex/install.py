@@ -1,23 +1,23 @@
-"""Install the pinned Codex CLI repo-locally (npm), without running any install script."""
+"""Install the pinned Codex CLI repo-locally (npm), without running any install script.
+
+The install itself (pin files, ``npm ci --ignore-scripts``, idempotence, the flock) is
+``compose.npm_cli``'s; this module names the pin and where its native binary lies. The wrapper
+``@openai/codex`` has no install scripts; its optional dependency ``@openai/codex-<platform>``
+(an alias of ``@openai/codex@<version>-<platform>``, from the npm registry like the wrapper)
+carries the native binary under ``vendor/<triple>/bin/codex``.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import platform
-import shutil
-import subprocess
 from pathlib import Path
-from typing import Iterator
 
+from compose import npm_cli
 
 CODEX_VERSION = "0.171.0"
 CODEX_PACKAGE = "@openai/codex"
 
 PIN_DIR = Path(__file__).resolve().parent  # package.json and package-lock.json live beside this module
-REPO_ROOT = Path(__file__).resolve().parents[2]
-INSTALL_SUBDIR = Path(".tokentrail") / "codex"
 
 #: (os, machine) -> (npm platform suffix, Rust target triple of the binary the package ships).
 #: The Linux binaries are static musl builds: they run on glibc and musl systems alike.
@@ -35,13 +35,12 @@ class CodexUnavailable(RuntimeError):
     """The CLI cannot be installed here (no npm, no registry, no binary for this platform)."""
 
 
-# --------------------------------------------------------------------------- install
+PIN = npm_cli.NpmPin(package=CODEX_PACKAGE, version=CODEX_VERSION, pin_dir=PIN_DIR, cache_name="codex",
+                     module="compose.codex", error=CodexUnavailable, node="16")
 
 
 def _target() -> tuple[str, str]:
-    system = {"linux": "linux", "darwin": "darwin", "windows": "win32"}.get(platform.system().lower())
-    machine = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(
-        platform.machine().lower())
+    system, machine = npm_cli.npm_platform()
     target = _TARGETS.get((system or "", machine or ""))
     if target is None:
         raise CodexUnavailable(f"Codex ships no native binary for {platform.system()} {platform.machine()}")
@@ -59,7 +58,7 @@ def target_triple() -> str:
 
 
 def install_dir(root: Path | None = None) -> Path:
-    return (root or REPO_ROOT) / INSTALL_SUBDIR
+    return PIN.install_dir(root)
 
 
 def vendor_dir(root: Path | None = None) -> Path:
@@ -69,45 +68,17 @@ def vendor_dir(root: Path | None = None) -> Path:
 
 def binary_path(root: Path | None = None) -> Path:
     """Where the native executable lives once installed (it may not exist yet)."""
-    name = "codex.exe" if platform.system() == "Windows" else "codex"
-    return vendor_dir(root) / "bin" / name
-
-
-def _pin_files() -> dict[str, str]:
-    """package.json (+ package-lock.json when shipped) to install from."""
-    files: dict[str, str] = {}
-    manifest = PIN_DIR / "package.json"
-    if manifest.is_file():
-        files["package.json"] = manifest.read_text()
-        lock = PIN_DIR / "package-lock.json"
-        if lock.is_file():
-            files["package-lock.json"] = lock.read_text()
-    else:  # a wheel without the pin files: the constant is the pin
-        files["package.json"] = json.dumps(
-            {"name": "tokentrail-codex", "private": True,
-             "dependencies": {CODEX_PACKAGE: CODEX_VERSION}}, indent=2) + "\n"
-    return files
-
-
-def _version_of(package_dir: Path) -> str | None:
-    try:
-        return json.loads((package_dir / "package.json").read_text()).get("version")
-    except (OSError, ValueError, AttributeError):
-        return None
+    return vendor_dir(root) / "bin" / npm_cli.executable_name("codex")
 
 
 def installed_version(root: Path | None = None) -> str | None:
     """The installed CLI's version, when the wrapper and this platform's binary package agree."""
     modules = install_dir(root) / "node_modules"
-    wrapper = _version_of(modules / CODEX_PACKAGE)
-    native = _version_of(modules / platform_package())  # "<version>-<platform>"
+    wrapper = npm_cli.package_version(modules / CODEX_PACKAGE)
+    native = npm_cli.package_version(modules / platform_package())  # "<version>-<platform>"
     if wrapper is None or native != f"{wrapper}-{_target()[0]}":
         return None
     return wrapper
-
-
-def _ready(root: Path | None) -> bool:
-    return binary_path(root).is_file() and installed_version(root) == CODEX_VERSION
 
 
 def ensure_codex(root: Path | None = None, *, timeout: float = 600) -> Path:
@@ -117,71 +88,8 @@ def ensure_codex(root: Path | None = None, *, timeout: float = 600) -> Path:
     call from concurrent processes (an flock serializes installs). Raises ``CodexUnavailable``
     (naming the fix) when npm is missing or the install fails.
     """
-    binary = binary_path(root)
-    if _ready(root):
-        return binary
-    npm = shutil.which("npm")
-    if npm is None:
-        raise CodexUnavailable(
-            "npm is not on PATH: install Node.js >= 16 (it brings npm), then run "
-            "`python -m compose.codex install` (or copy compose/codex/package.json and "
-            f"package-lock.json into {install_dir(root)} and run `npm ci --ignore-scripts` there)")
-    target = install_dir(root)
-    target.mkdir(parents=True, exist_ok=True)
-    with _install_lock(target):
-        if _ready(root):
-            return binary  # another process installed it meanwhile
-        return _npm_install(npm, target, binary, timeout)
-
-
-def _npm_install(npm: str, target: Path, binary: Path, timeout: float) -> Path:
-    files = _pin_files()
-    for name in ("package.json", "package-lock.json"):
-        if name in files:
-            (target / name).write_text(files[name])
-        else:
-            (target / name).unlink(missing_ok=True)
-    command = "ci" if "package-lock.json" in files else "install"
-    # The wrapper @openai/codex has no install scripts; its optional dependency
-    # @openai/codex-<platform> (an alias of @openai/codex@<version>-<platform>, from the npm
-    # registry like the wrapper) carries the native binary under vendor/<triple>/bin/codex.
-    # --ignore-scripts anyway (nothing may download from elsewhere); --include=optional overrides
-    # an omit=optional in the user's npmrc (the binary *is* the optional dependency);
-    # --prefer-offline uses npm's cache (integrity-checked against the lockfile).
-    argv = [npm, command, "--ignore-scripts", "--include=optional", "--engine-strict=false",
-            "--prefer-offline", "--no-audit", "--no-fund", "--loglevel=error"]
-    try:
-        proc = subprocess.run(argv, cwd=target, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL,
-                              env={**os.environ, "npm_config_update_notifier": "false"})
-    except subprocess.TimeoutExpired as exc:
-        raise CodexUnavailable(
-            f"`{' '.join(argv)}` in {target} timed out after {timeout}s; is the npm registry reachable?") from exc
-    if proc.returncode != 0 or not binary.is_file():
-        raise CodexUnavailable(
-            f"`npm {command}` of {CODEX_PACKAGE}@{CODEX_VERSION} in {target} failed (exit "
-            f"{proc.returncode}; binary {'present' if binary.is_file() else 'missing'} at {binary}); "
-            f"is the npm registry reachable?\n{_tail(proc.stdout + proc.stderr)}")
-    return binary
-
-
-@contextlib.contextmanager
-def _install_lock(target: Path) -> Iterator[None]:
-    try:
-        import fcntl
-    except ImportError:  # Windows: no lock
-        yield
-        return
-    with open(target / ".install.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _tail(text: str, limit: int = 4000) -> str:
-    return text if len(text) <= limit else "..." + text[-limit:]
+    return npm_cli.ensure_installed(PIN, binary_path(root), lambda: installed_version(root),
+                                    root=root, timeout=timeout)
 
 
 def main(argv: list[str] | None = None) -> int:

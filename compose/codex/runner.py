@@ -66,18 +66,13 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compose.codex.install import _tail, ensure_codex
+from compose.codex.install import ensure_codex
+from compose.harness_process import base_env, json_events, prepare_home, run_headless, run_home, tail, with_overrides
 
 #: The stand-in policy server's served model name (``compose/policy/settings.py``); a vLLM
 #: behind the interceptor serves whatever ``--served-model-name`` says: pass ``model=``.
@@ -170,17 +165,7 @@ class CodexResult:
 
 def parse_events(stdout: str) -> list[dict[str, Any]]:
     """The JSON objects of ``codex exec --json`` output (one per line; other lines skipped)."""
-    events = []
-    for line in stdout.splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(value, dict):
-                events.append(value)
-    return events
+    return json_events(stdout)
 
 
 # --------------------------------------------------------------------------- config
@@ -268,35 +253,20 @@ def codex_env(home: Path, *, extra: dict[str, str | None] | None = None) -> dict
     ``extra`` overrides entries; a ``None`` value removes one.
     """
     env = {
-        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-        "LANG": os.environ.get("LANG", "C.UTF-8"),
-        "HOME": str(home),
-        "USER": os.environ.get("USER", "tokentrail"),
-        "SHELL": shutil.which("bash") or "/bin/sh",
-        "TERM": "dumb",
-        # CODEX_HOME must not lie inside TMPDIR: the CLI refuses to create its helper binaries
-        # (the apply_patch alias on the tools' PATH) under the temp dir, with a warning.
-        "TMPDIR": str(home / "tmp"),
-        "XDG_CONFIG_HOME": str(home / ".config"),
-        "XDG_CACHE_HOME": str(home / ".cache"),
-        "XDG_DATA_HOME": str(home / ".local" / "share"),
-        "XDG_STATE_HOME": str(home / ".local" / "state"),
+        # CODEX_HOME must not lie inside TMPDIR (base_env's TMPDIR is <home>/tmp): the CLI refuses
+        # to create its helper binaries (the apply_patch alias on the tools' PATH) under the temp
+        # dir, with a warning.
+        **base_env(home),
         "CODEX_HOME": str(home / ".codex"),
         API_KEY_ENV: DUMMY_API_KEY,
         "NO_PROXY": "*",
         "NO_COLOR": "1",
     }
-    for key, value in (extra or {}).items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    return env
+    return with_overrides(env, extra)
 
 
 def _prepare_home(home: Path, config_toml: str) -> None:
-    for sub in ("tmp", ".config", ".cache", ".local/share", ".local/state", ".codex"):
-        (home / sub).mkdir(parents=True, exist_ok=True)
+    prepare_home(home, ".codex")
     (home / ".codex" / "config.toml").write_text(config_toml)
 
 
@@ -339,85 +309,8 @@ def run_codex(
     binary = executable or ensure_codex()
     config_toml = to_toml(codex_config(base_url, model=model, overrides=config))
     argv = codex_argv(binary, prompt, workdir=workdir, model=model, extra_args=extra_args)
-    own_home = home is None
-    home_dir = Path(tempfile.mkdtemp(prefix="tokentrail-codex-home-")) if own_home else home
-    timed_out = False
-    try:
+    with run_home(home, prefix="tokentrail-codex-home-") as home_dir:
         _prepare_home(home_dir, config_toml)
-        # The reaper (see _REAPER) is the CLI's parent: it outlives the CLI, adopts whatever the
-        # CLI's tools left running (setsid and double forks included) and kills all of it.
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _REAPER, *argv], cwd=workdir, env=codex_env(home_dir, extra=env),
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True)
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            proc.send_signal(signal.SIGTERM)  # the reaper kills the CLI and its descendants
-            try:
-                stdout, stderr = proc.communicate(timeout=15)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc.pid)
-                stdout, stderr = proc.communicate()
-        finally:
-            if proc.poll() is None:
-                _kill_group(proc.pid)
-                proc.wait()
-            _kill_group(proc.pid)  # anything left in the run's process group
-    finally:
-        if own_home:
-            shutil.rmtree(home_dir, ignore_errors=True)
-    out = stdout.decode("utf-8", "replace")
-    err = stderr.decode("utf-8", "replace")
-    return CodexResult(None if timed_out else proc.returncode, timed_out, parse_events(out),
-                       _tail(out), _tail(err), argv, config_toml)
-
-
-# Runs as ``python -c _REAPER codex ...``: makes itself the child subreaper (Linux), runs the
-# CLI, and once the CLI has exited (or on SIGTERM, after killing it) SIGKILLs every process that
-# is still its child, over and over, until it has no children left; orphans of the CLI's tools
-# are re-parented to it, so nothing started by the run survives it. Exits with the CLI's status.
-_REAPER = r"""
-import ctypes, os, signal, subprocess, sys, time
-try:
-    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-except Exception:
-    pass
-cli = subprocess.Popen(sys.argv[1:])
-signal.signal(signal.SIGTERM, lambda *_: cli.kill())
-while True:
-    try:
-        rc = cli.wait()
-        break
-    except InterruptedError:
-        continue
-me = os.getpid()
-while True:
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid == me:
-                try:
-                    os.kill(int(entry), signal.SIGKILL)
-                except OSError:
-                    pass
-    try:
-        pid, _ = os.waitpid(-1, os.WNOHANG)
-    except ChildProcessError:
-        break
-    if pid == 0:
-        time.sleep(0.02)
-sys.exit(rc if rc >= 0 else 128 - rc)
-"""
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        done = run_headless(argv, cwd=workdir, env=codex_env(home_dir, extra=env), timeout=timeout)
+    return CodexResult(done.returncode, done.timed_out, parse_events(done.stdout),
+                       tail(done.stdout), tail(done.stderr), argv, config_toml)

@@ -15,8 +15,10 @@ import itertools
 import json
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable
+
+from compose.stub_server import ServedStub
 
 
 @dataclass
@@ -72,7 +74,7 @@ def scripted(replies: list[Reply], after: Reply | None = None) -> Callable[[dict
     return respond
 
 
-class RecordingResponsesStub:
+class RecordingResponsesStub(ServedStub):
     def __init__(self, responder: Callable[[dict[str, Any]], Reply] | None = None,
                  host: str = "127.0.0.1", port: int = 0) -> None:
         self.responder = responder or scripted([])
@@ -143,29 +145,13 @@ class RecordingResponsesStub:
                 self.wfile.flush()
                 self.close_connection = True
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
+        self._bind(host, port, Handler, name="responses-stub")
 
-    # -- lifecycle ------------------------------------------------------------
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
+    # -- lifecycle (``with``: compose.stub_server) ------------------------------
     @property
     def base_url(self) -> str:
         """What the CLI gets as its provider's ``base_url``."""
         return f"{self.url}/v1"
-
-    def __enter__(self) -> RecordingResponsesStub:
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
     # -- use --------------------------------------------------------------------
     def responses_requests(self) -> list[RecordedRequest]:

@@ -10,13 +10,19 @@ from __future__ import annotations
 import json
 import os
 import platform
-import threading
 from pathlib import Path
 
 import anthropic
 import pytest
 
 from compose import claude_code as cc
+from tests.unit.compose.harness_cli_helpers import (
+    check_pins,
+    installed_or_skip,
+    processes_in_home,
+    processes_with,
+    stalled_stub,
+)
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "claude_code"
 
@@ -25,16 +31,8 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "claude_code"
 
 
 def test_the_three_pins_agree() -> None:
-    manifest = json.loads((cc.PIN_DIR / "package.json").read_text())
-    lock = json.loads((cc.PIN_DIR / "package-lock.json").read_text())
-    assert manifest["dependencies"] == {cc.CLAUDE_CODE_PACKAGE: cc.CLAUDE_CODE_VERSION}
-    assert lock["packages"][""]["dependencies"] == manifest["dependencies"]
-    wrapper = lock["packages"][f"node_modules/{cc.CLAUDE_CODE_PACKAGE}"]
-    assert wrapper["version"] == cc.CLAUDE_CODE_VERSION
-    assert wrapper["integrity"].startswith("sha512-")
+    _, natives = check_pins(cc.PIN_DIR, cc.CLAUDE_CODE_PACKAGE, cc.CLAUDE_CODE_VERSION)
     # Every platform binary is pinned to the same version, with an integrity hash.
-    natives = {k: v for k, v in lock["packages"].items() if k.startswith(f"node_modules/{cc.CLAUDE_CODE_PACKAGE}-")}
-    assert f"node_modules/{cc.CLAUDE_CODE_PACKAGE}-linux-x64" in natives
     assert all(v["version"] == cc.CLAUDE_CODE_VERSION and v["integrity"] for v in natives.values())
 
 
@@ -104,10 +102,8 @@ def test_fixtures_are_complete_and_describe_tool_round_trips() -> None:
 
 @pytest.fixture(scope="module")
 def claude_binary() -> Path:
-    try:
-        return cc.ensure_claude_code()
-    except cc.ClaudeCodeUnavailable as exc:
-        pytest.skip(f"Claude Code CLI {cc.CLAUDE_CODE_VERSION} unavailable here: {exc}")
+    return installed_or_skip(cc.ensure_claude_code, cc.ClaudeCodeUnavailable,
+                             f"Claude Code CLI {cc.CLAUDE_CODE_VERSION}")
 
 
 @pytest.fixture(scope="module")
@@ -166,31 +162,6 @@ def test_real_cli_still_sends_what_the_fixtures_hold(bash_two_turn: cc.Recording
             {k: v for k, v in want["headers"].items() if k not in volatile}
 
 
-def _processes_with(marker: str) -> list[str]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if marker in cmdline:
-            found.append(f"{pid}: {cmdline}")
-    return found
-
-
-def _processes_in_home(home: Path) -> list[str]:
-    """Processes whose environment has HOME=home (the CLI and everything it started)."""
-    needle = f"HOME={home}".encode()
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                found.append(pid)
-        except OSError:
-            continue
-    return found
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find processes")
 def test_real_cli_leaves_no_process_behind(claude_binary: Path, tmp_path: Path) -> None:
     command = "(sleep 3171 &); nohup sleep 3172 >/dev/null 2>&1 & setsid sleep 3173 & echo tokentrail"
@@ -200,25 +171,16 @@ def test_real_cli_leaves_no_process_behind(claude_binary: Path, tmp_path: Path) 
                                     allowed_tools=["Bash"], executable=claude_binary)
     assert result.ok, result.stderr_tail
     assert [r["content"] for r in result.tool_results()] == ["tokentrail"]
-    assert _processes_with("sleep 317") == []
+    assert processes_with("sleep 317") == []
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find processes")
 def test_real_cli_is_killed_at_the_timeout(claude_binary: Path, tmp_path: Path) -> None:
-    release = threading.Event()
-
-    def never_answers(body: dict) -> cc.Reply:
-        release.wait(60)
-        return cc.text_reply("too late")
-
     home = tmp_path / "home-for-timeout-test"
     home.mkdir()
-    try:
-        with cc.RecordingAnthropicStub(never_answers) as stub:
-            result = cc.run_claude_code(stub.base_url, "hello", workdir=tmp_path, timeout=5,
-                                        executable=claude_binary, home=home)
-            assert result.timed_out and result.returncode is None and result.result is None
-            assert len(stub.messages_requests()) >= 1
-            assert _processes_in_home(home) == []
-    finally:
-        release.set()
+    with stalled_stub(cc.RecordingAnthropicStub, lambda: cc.text_reply("too late")) as stub:
+        result = cc.run_claude_code(stub.base_url, "hello", workdir=tmp_path, timeout=5,
+                                    executable=claude_binary, home=home)
+        assert result.timed_out and result.returncode is None and result.result is None
+        assert len(stub.messages_requests()) >= 1
+        assert processes_in_home(home) == []

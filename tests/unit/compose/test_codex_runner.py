@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -22,22 +23,22 @@ from pathlib import Path
 import pytest
 
 from compose import codex as cx
-from compose.codex import install as cx_install
+from compose import npm_cli
+from tests.unit.compose.harness_cli_helpers import (
+    check_pins,
+    installed_or_skip,
+    processes_in_home,
+    processes_with,
+    stalled_stub,
+)
 
 # --------------------------------------------------------------------------- pins and install
 
 
 def test_the_three_pins_agree() -> None:
-    manifest = json.loads((cx.PIN_DIR / "package.json").read_text())
-    lock = json.loads((cx.PIN_DIR / "package-lock.json").read_text())
-    assert manifest["dependencies"] == {cx.CODEX_PACKAGE: cx.CODEX_VERSION}
-    assert lock["packages"][""]["dependencies"] == manifest["dependencies"]
-    wrapper = lock["packages"][f"node_modules/{cx.CODEX_PACKAGE}"]
-    assert wrapper["version"] == cx.CODEX_VERSION and wrapper["integrity"].startswith("sha512-")
+    wrapper, natives = check_pins(cx.PIN_DIR, cx.CODEX_PACKAGE, cx.CODEX_VERSION)
     assert "hasInstallScript" not in wrapper  # nothing runs at install, nothing is downloaded
     # Every platform binary is an alias of @openai/codex@<version>-<platform>, with its hash.
-    natives = {k: v for k, v in lock["packages"].items() if k.startswith(f"node_modules/{cx.CODEX_PACKAGE}-")}
-    assert f"node_modules/{cx.CODEX_PACKAGE}-linux-x64" in natives
     for key, entry in natives.items():
         suffix = key.removeprefix(f"node_modules/{cx.CODEX_PACKAGE}-")
         assert wrapper["optionalDependencies"][f"{cx.CODEX_PACKAGE}-{suffix}"] == \
@@ -88,8 +89,8 @@ def test_ensure_is_idempotent_without_starting_npm(tmp_path: Path, monkeypatch: 
     def no_process(*args, **kwargs):
         raise AssertionError("ensure_codex started a process although the pin is installed")
 
-    monkeypatch.setattr(cx_install.subprocess, "run", no_process)
-    monkeypatch.setattr(cx_install.shutil, "which", lambda name: None)
+    monkeypatch.setattr(npm_cli.subprocess, "run", no_process)
+    monkeypatch.setattr(npm_cli.shutil, "which", lambda name: None)
     assert cx.ensure_codex(tmp_path) == binary and cx.ensure_codex(tmp_path) == binary
     assert cx.installed_version(tmp_path) == cx.CODEX_VERSION
 
@@ -97,7 +98,7 @@ def test_ensure_is_idempotent_without_starting_npm(tmp_path: Path, monkeypatch: 
 def test_ensure_reinstalls_another_version_and_names_the_fix_without_npm(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_install(tmp_path, version="0.1.0")
-    monkeypatch.setattr(cx_install.shutil, "which", lambda name: None)
+    monkeypatch.setattr(npm_cli.shutil, "which", lambda name: None)
     with pytest.raises(cx.CodexUnavailable, match="npm is not on PATH.*python -m compose.codex install"):
         cx.ensure_codex(tmp_path)
 
@@ -108,10 +109,10 @@ def test_ensure_runs_npm_ci_from_the_pin_files(tmp_path: Path, monkeypatch: pyte
     def fake_run(argv, cwd, **kwargs):
         calls.append((argv, Path(cwd)))
         _fake_install(tmp_path)
-        return cx_install.subprocess.CompletedProcess(argv, 0, "", "")
+        return subprocess.CompletedProcess(argv, 0, "", "")
 
-    monkeypatch.setattr(cx_install.shutil, "which", lambda name: "/usr/bin/npm")
-    monkeypatch.setattr(cx_install.subprocess, "run", fake_run)
+    monkeypatch.setattr(npm_cli.shutil, "which", lambda name: "/usr/bin/npm")
+    monkeypatch.setattr(npm_cli.subprocess, "run", fake_run)
     target = cx.install_dir(tmp_path)
     target.mkdir(parents=True)
     assert cx.ensure_codex(tmp_path) == cx.binary_path(tmp_path)
@@ -291,18 +292,6 @@ def test_parse_events_skips_what_is_not_a_json_object() -> None:
         {"type": "a"}, {"type": "b"}]
 
 
-def _processes_with(marker: str) -> list[str]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if marker in cmdline and "STUB" not in cmdline:
-            found.append(f"{pid}: {cmdline}")
-    return found
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find processes")
 def test_the_timeout_kills_the_cli_and_everything_it_started(stub_cli: Path, tmp_path: Path) -> None:
     started = time.monotonic()
@@ -310,14 +299,14 @@ def test_the_timeout_kills_the_cli_and_everything_it_started(stub_cli: Path, tmp
     assert result.timed_out and result.returncode is None and not result.ok
     assert time.monotonic() - started < 15
     assert result.thread_id == "t"  # what it printed before the timeout is kept
-    assert _processes_with("sleep 317") == []
+    assert processes_with("sleep 317", unless="STUB") == []
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find processes")
 def test_no_process_outlives_a_normal_exit(stub_cli: Path, tmp_path: Path) -> None:
     result, _ = _run_stub(stub_cli, tmp_path, "leave", env={"STUB_MARKER": "8"})
     assert result.ok
-    assert _processes_with("sleep 318") == []
+    assert processes_with("sleep 318", unless="STUB") == []
 
 
 # --------------------------------------------------------------------------- the real CLI
@@ -325,10 +314,7 @@ def test_no_process_outlives_a_normal_exit(stub_cli: Path, tmp_path: Path) -> No
 
 @pytest.fixture(scope="module")
 def codex_binary() -> Path:
-    try:
-        return cx.ensure_codex()
-    except cx.CodexUnavailable as exc:
-        pytest.skip(f"Codex CLI {cx.CODEX_VERSION} unavailable here: {exc}")
+    return installed_or_skip(cx.ensure_codex, cx.CodexUnavailable, f"Codex CLI {cx.CODEX_VERSION}")
 
 
 class _ProxyRecorder:
@@ -398,34 +384,13 @@ def test_real_cli_runs_exec_command_against_the_responses_stub(codex_binary: Pat
     assert "Process exited with code 0" in output_item["output"] and "tokentrail" in output_item["output"]
 
 
-def _processes_in_home(home: Path) -> list[str]:
-    needle = f"HOME={home}".encode()
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                found.append(pid)
-        except OSError:
-            continue
-    return found
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find processes")
 def test_real_cli_is_killed_at_the_timeout(codex_binary: Path, tmp_path: Path) -> None:
-    release = threading.Event()
-
-    def never_answers(body: dict) -> cx.Reply:
-        release.wait(60)
-        return cx.text_reply("too late")
-
     home = tmp_path / "home-for-timeout-test"
     home.mkdir()
-    try:
-        with cx.RecordingResponsesStub(never_answers) as stub:
-            result = cx.run_codex(stub.base_url, "hello", workdir=tmp_path, timeout=5, executable=codex_binary,
-                                  home=home)
-            assert result.timed_out and result.returncode is None and not result.ok
-            assert len(stub.responses_requests()) >= 1
-            assert _processes_in_home(home) == []
-    finally:
-        release.set()
+    with stalled_stub(cx.RecordingResponsesStub, lambda: cx.text_reply("too late")) as stub:
+        result = cx.run_codex(stub.base_url, "hello", workdir=tmp_path, timeout=5, executable=codex_binary,
+                              home=home)
+        assert result.timed_out and result.returncode is None and not result.ok
+        assert len(stub.responses_requests()) >= 1
+        assert processes_in_home(home) == []
