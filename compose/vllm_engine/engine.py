@@ -4,7 +4,7 @@
 ``.tokentrail/checkpoints/<digest>/<variant>``), starts
 ``python -m vllm.entrypoints.openai.api_server`` with the flags tokentrail needs
 (``ENGINE_FLAGS``: served model name, hermes tool parser, qwen3 reasoning parser,
-raw log-probs), waits until ``/health`` answers, and on ``stop()`` kills the whole
+raw log-probs, the render route), waits until ``/health`` answers, and on ``stop()`` kills the whole
 process group (API server, engine core, worker). Nothing outlives a run.
 
 The engine environment is separate from tokentrail's (as an engine has its own
@@ -29,6 +29,8 @@ ENGINE_FLAGS = (
     "--served-model-name", SERVED_NAME, "--dtype", "float32",
     "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
     "--logprobs-mode", "raw_logprobs",
+    # /v1/chat/completions/render, which prefix supply renders the new turns with.
+    "--enable-scale-out",
 )
 
 
