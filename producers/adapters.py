@@ -29,7 +29,7 @@ class StreamAdapter(Protocol):
     def finish(self) -> tuple[bytes, bytes]:
         """(the last non-terminal bytes, the terminal event) once the capture is durable."""
 
-    def error(self, status: int, message: str) -> bytes:
+    def error(self, status: int, message: str, kind: str = "capture_error") -> bytes:
         """An error event that ends the stream instead of the terminal event."""
 
 
@@ -40,7 +40,8 @@ class DialectAdapter(Protocol):
     def parse(self, body: dict[str, Any]) -> ParsedRequest:
         """Raise ValueError with a message naming the field for a request this dialect cannot serve."""
 
-    def render(self, data: dict[str, Any], response_id: str, parsed: ParsedRequest) -> Response: ...
+    def render(self, data: dict[str, Any], response_id: str, parsed: ParsedRequest) -> Response:
+        """The harness's answer; ValueError (DialectError) when the engine's answer cannot be expressed."""
 
     def stream_adapter(self, response_id: str, parsed: ParsedRequest) -> StreamAdapter: ...
 

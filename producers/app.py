@@ -9,6 +9,12 @@ Guarantee (ARCHITECTURE §6.1): a successful model response under the capture
 prefix (or its terminal stream event) is sent only after its CallCaptured or
 CallIncomplete is durable: acknowledged by Kafka (acks=all), or fsynced to the
 local spool when Kafka is down. Token fields never reach the client.
+
+The engine gets the harness's headers, except its credential when
+``upstream_api_key`` is set (that key is sent as Bearer instead); without it an
+Anthropic ``x-api-key`` is also sent as ``Authorization: Bearer`` (vLLM's
+``--api-key`` reads only that). With prefix supply, startup refuses an engine
+that cannot render chat requests or ignores supplied prompt ids.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from producers.calls import handle_generation
 from producers.capture import default_source
 from producers.core import CaptureCore
 from producers.durable import DurableWriter
+from producers.engine_info import EngineCatalog, probe_prefix_supply
 from producers.finish import handle_finish
 from producers.http import error_response, json_response
 from producers.lineage_index import LineageIndex
@@ -107,24 +114,48 @@ class Interceptor:
 
     async def startup(self) -> None:
         s = self.settings
+        catalog = EngineCatalog()
+        if s.prefix_supply:
+            injected = self._upstream is not None
+            try:
+                await self._probe_prefix_supply(catalog)
+            except BaseException:
+                if not injected and self._upstream is not None:
+                    await self._upstream.aclose()
+                    self._upstream = None
+                raise
         if self._publisher is None:
             self._publisher = KafkaPublisher(
                 producer_config(s.bootstrap, linger_ms=s.linger_ms, delivery_timeout_ms=s.publish_timeout_ms)
             )
         if self._upstream is None:
-            self._upstream = httpx.AsyncClient(
-                base_url=s.upstream_url,
-                timeout=httpx.Timeout(s.upstream_timeout_s, connect=10.0),
-                limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
-            )
+            self._upstream = self._client()
         spool = Spool(s.spool_dir) if s.spool_dir is not None else None
         writer = DurableWriter(self._publisher, spool, bootstrap=s.bootstrap,
                                on_depth=self.metrics.spool_depth.set)
         index = LineageIndex(max_rollouts=s.index_max_rollouts, max_tokens=s.index_max_tokens,
                              keep_tokens=s.prefix_supply)
         self.core = CaptureCore(s, writer, index, self.metrics, self.source)
+        self.core.catalog = catalog
         self.metrics.spool_depth.set(writer.spooled)
         writer.start()
+
+    async def _probe_prefix_supply(self, catalog: EngineCatalog) -> None:
+        """ConfigError (startup fails) unless the engine can take supplied prompt ids."""
+        s = self.settings
+        if self._upstream is None:
+            self._upstream = self._client()
+        auth = {"authorization": f"Bearer {s.upstream_api_key.get_secret_value()}"} if s.upstream_api_key else {}
+        info = await catalog.get(self._upstream, auth)
+        await probe_prefix_supply(self._upstream, auth, s.upstream_model or (info.names[0] if info else None))
+
+    def _client(self) -> httpx.AsyncClient:
+        s = self.settings
+        return httpx.AsyncClient(
+            base_url=s.upstream_url,
+            timeout=httpx.Timeout(s.upstream_timeout_s, connect=10.0),
+            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+        )
 
     async def shutdown(self) -> None:
         if self._tasks:
@@ -199,7 +230,15 @@ class Interceptor:
 
     # -- forwarding -----------------------------------------------------------
     def upstream_headers(self, request: Request) -> dict[str, str]:
-        return {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST_HEADERS}
+        headers = {k.lower(): v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST_HEADERS}
+        key = self.settings.upstream_api_key
+        if key is not None:
+            # The harness's credential is not the engine's: it is not forwarded at all.
+            headers.pop("x-api-key", None)
+            headers["authorization"] = f"Bearer {key.get_secret_value()}"
+        elif "x-api-key" in headers and "authorization" not in headers:
+            headers["authorization"] = f"Bearer {headers['x-api-key']}"
+        return headers
 
     async def forward(self, request: Request, api_path: str) -> Response:
         """Stream a request to the engine and its answer back, unchanged."""
@@ -209,7 +248,7 @@ class Interceptor:
         )
         try:
             upstream = await self.upstream.send(upstream_request, stream=True)
-        except httpx.HTTPError as exc:
+        except Exception as exc:  # an in-process upstream raises anything, not only httpx errors
             return error_response(502, f"model server unreachable: {exc!r}", "upstream_error")
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_RESPONSE_HEADERS}
         # An in-process transport may hand back an already-read body.

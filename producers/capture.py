@@ -8,6 +8,7 @@ or tool set fails context verification without changing the lookup key.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -77,7 +78,7 @@ class CallContext:
 
 def call_facts(
     *, route: str, dialect: Dialect, body: dict[str, Any], upstream_body: dict[str, Any], headers: dict[str, str],
-    system: Any, tools: Any, streamed: bool,
+    system: Any, tools: Any, streamed: bool, logprobs_mode: str = "", max_tokens_clamped: bool = False,
 ) -> CallFacts:
     """Facts for later classification (side calls, staleness); capture makes no decisions."""
     sampling = {k: upstream_body[k] for k in SAMPLING_FIELDS if k in upstream_body}
@@ -94,7 +95,25 @@ def call_facts(
         sampling_json=canonical_json(sampling),
         user_agent=headers.get("user-agent", ""),
         harness_session_id=next((headers[h] for h in SESSION_HEADERS if h in headers), ""),
+        max_tokens_sent=sent_max_tokens(upstream_body),
+        max_tokens_clamped=max_tokens_clamped,
+        logprobs_mode=logprobs_mode,
     )
+
+
+def with_sent_max_tokens(facts: CallFacts, upstream_body: dict[str, Any]) -> CallFacts:
+    """``facts`` after the interceptor lowered the output budget in ``upstream_body`` (a clamp)."""
+    sampling = {k: upstream_body[k] for k in SAMPLING_FIELDS if k in upstream_body}
+    return dataclasses.replace(facts, max_tokens_sent=sent_max_tokens(upstream_body), max_tokens_clamped=True,
+                               sampling_json=canonical_json(sampling))
+
+
+def sent_max_tokens(upstream_body: dict[str, Any]) -> int | None:
+    # vLLM reads max_completion_tokens first, then max_tokens.
+    value = upstream_body.get("max_completion_tokens")
+    if value is None:
+        value = upstream_body.get("max_tokens")
+    return value if isinstance(value, int) else None
 
 
 def captured_call(
@@ -108,6 +127,7 @@ def captured_call(
     policy_version: str | None,
     policy_version_source: str,
     context_digest: str | None = None,
+    finish_reason: str = "",
 ) -> CallCaptured:
     """The CallCaptured of a served call (full prompt; the processor resolves and verifies the parent)."""
     full = tokens.prompt_token_ids + tokens.generation_token_ids
@@ -136,6 +156,7 @@ def captured_call(
         continuation_context_len=len(ctx.items),
         continuation_context_digest=context_digest if context_digest is not None else conversation_digest(ctx.items),
         fingerprint_version=FINGERPRINT_VERSION,
+        finish_reason=finish_reason,
         facts=facts,
     )
 

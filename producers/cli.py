@@ -1,4 +1,8 @@
-"""``tokentrail intercept``: run the capture interceptor in front of a model server."""
+"""``tokentrail intercept``: run the capture interceptor in front of a model server.
+
+Secrets come from the environment, never from flags: ``TOKENTRAIL_CONTROL_TOKEN`` (control
+routes) and ``TOKENTRAIL_UPSTREAM_API_KEY`` (sent to the engine as Bearer, e.g. vLLM --api-key).
+"""
 
 from __future__ import annotations
 
@@ -17,10 +21,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--topic-prefix", default="", help="prefix of every topic name (isolation)")
-    parser.add_argument("--upstream-model", help="model name sent to the engine (harnesses ask for their own)")
+    parser.add_argument("--upstream-model",
+                        help="model name always sent to the engine (default: the harness's name when the engine "
+                             "serves it, else the engine's served model, learnt from GET /v1/models)")
     parser.add_argument("--spool-dir", help="fsynced local spool used while Kafka is down (one per process)")
     parser.add_argument("--prefix-supply", action="store_true",
-                        help="send the verified parent's exact ids (engine must honour required_prefix_token_ids)")
+                        help="send the verified parent's exact ids as kv_transfer_params.prompt_token_ids "
+                             "(checked at startup: the engine must render chat requests and honour them)")
+    parser.add_argument("--logprobs-mode", default="raw_logprobs",
+                        help="what the engine's logprobs mean, as vLLM was started (--logprobs-mode): "
+                             "raw_logprobs (default) or processed_logprobs; recorded on every call")
     parser.add_argument("--publish-timeout-ms", type=int, default=5000,
                         help="wait this long for Kafka's ack before spooling (or failing without a spool)")
     parser.add_argument("--no-delta-records", action="store_true", help="always store full prompts")
@@ -41,6 +51,8 @@ def main(args: argparse.Namespace) -> int:
             port=args.port,
             sampling_overrides=json.loads(args.sampling),
             control_token=os.environ.get("TOKENTRAIL_CONTROL_TOKEN") or None,
+            upstream_api_key=os.environ.get("TOKENTRAIL_UPSTREAM_API_KEY") or None,
+            logprobs_mode=args.logprobs_mode,
             topics=topic_names(args.topic_prefix),
             upstream_model=args.upstream_model,
             spool_dir=args.spool_dir,

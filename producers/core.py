@@ -1,15 +1,23 @@
 """The capture core shared by every dialect, by streaming and not, standalone or as vLLM middleware.
 
 Per call: ``begin`` hashes the request and resolves its parent once, before
-dispatch; ``upstream_body`` is what the engine gets (the sampling pin, the
-fields capture needs, and — opt-in — the parent's exact ids as a required
-prefix); ``complete`` turns the engine's answer into durable evidence.
+dispatch, and fits the request to the engine (the sampling pin, a model name
+the engine serves, an output budget within its ``max_model_len``);
+``upstream_body`` is what the engine gets (plus the fields capture needs and,
+opt-in, the exact prompt ids as ``kv_transfer_params.prompt_token_ids``);
+``complete`` turns the engine's answer into durable evidence.
 
-Outcomes of ``complete``: CAPTURED (CallCaptured is durable), INCOMPLETE (the
+Outcomes of ``complete``, each decided before anything is written, so a call
+leaves exactly one record: CAPTURED (CallCaptured is durable), INCOMPLETE (the
 engine answered but its tokens are missing or partial: CallIncomplete is
-durable, the answer may still go back), PREFIX_FAILED (a supplied prefix was
-not applied: the call fails, CallIncomplete is durable), NOT_DURABLE (nothing
-could be made durable: the call must fail with 503).
+durable, the answer may still go back), ABORTED (the engine aborted the
+generation, e.g. paused for a weight sync: CallIncomplete(aborted), the
+harness is told to retry), ENGINE_FAILED (finish_reason "error":
+CallIncomplete(upstream_error)), UNTRANSLATABLE (the answer cannot be put in
+the harness's dialect: CallIncomplete(untranslatable_output)), PREFIX_FAILED
+(supplied prompt ids were not used: the call fails, CallIncomplete is
+durable), NOT_DURABLE (nothing could be made durable: the call must fail with
+503).
 """
 
 from __future__ import annotations
@@ -18,13 +26,23 @@ import enum
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-from producers.capture import CallContext, call_facts, captured_call, incomplete_call, make_event, request_items
+from producers.capture import (
+    CallContext,
+    call_facts,
+    captured_call,
+    incomplete_call,
+    make_event,
+    request_items,
+    with_sent_max_tokens,
+)
 from producers.durable import DurableWriter
+from producers.engine_info import EngineCatalog, EngineInfo, max_tokens_key
 from producers.extract import PartialTokenMetadata, chat_output_items, extract_chat_tokens
 from producers.lineage_index import LineageIndex, Resolution
 from producers.metrics import InterceptorMetrics
+from producers.prefix_supply import ends_with_stop
 from producers.settings import InterceptorSettings
 from schemas.codec import encode_event
 from schemas.errors import DurabilityError
@@ -39,8 +57,15 @@ log = logging.getLogger("tokentrail.interceptor")
 class Outcome(enum.Enum):
     CAPTURED = "captured"
     INCOMPLETE = "incomplete"
+    ABORTED = "aborted"
+    ENGINE_FAILED = "engine_failed"
+    UNTRANSLATABLE = "untranslatable"
     PREFIX_FAILED = "prefix_failed"
     NOT_DURABLE = "not_durable"
+
+
+# vLLM's engine label of weights no trainer has named (vllm/v1/engine/core.py): not a version.
+UNNAMED_WEIGHT_VERSION = "default"
 
 
 @dataclass(slots=True)
@@ -65,8 +90,12 @@ class Call:
     resolution: Resolution
     context_digests: list[str]
     id_kind: str
-    required_prefix: list[int] | None = None
+    body: dict[str, Any] = field(default_factory=dict)  # the chat request fitted to the engine
+    prefix_requested: bool = False  # prefix supply is on and the resolved parent's ids are known
+    supplied_prefix: list[int] | None = None  # prompt ids sent; the engine must report exactly these
     started: float = 0.0
+    answer: Any = None  # what ``complete``'s ``prepare`` built for the harness
+    failure: str = ""  # the recorded detail when the call was not captured
 
     @property
     def response_id(self) -> str:
@@ -82,52 +111,106 @@ class CaptureCore:
         self.metrics = metrics
         self.source = source
         self.admin_policy_version: str | None = None
+        self.catalog = EngineCatalog()
 
     # -- before dispatch ------------------------------------------------------------
     def begin(self, rollout_id: str, route: str, dialect: Dialect, id_kind: str, parsed: ParsedRequest,
-              body: dict[str, Any], headers: dict[str, str], started: float | None = None) -> Call:
+              body: dict[str, Any], headers: dict[str, str], started: float | None = None,
+              engine: EngineInfo | None = None) -> Call:
         started = time.perf_counter() if started is None else started
-        upstream = self._pinned(parsed.chat_body)
+        upstream, clamped = self._fitted(parsed.chat_body, engine)
         ctx = CallContext(
             rollout_id=rollout_id,
             route=route,
             dialect=dialect,
             items=request_items(parsed.items, instructions=parsed.instructions, tools=parsed.tools),
             facts=call_facts(route=route, dialect=dialect, body=body, upstream_body=upstream, headers=headers,
-                             system=parsed.system, tools=parsed.tools, streamed=parsed.stream),
+                             system=parsed.system, tools=parsed.tools, streamed=parsed.stream,
+                             logprobs_mode=self.settings.logprobs_mode, max_tokens_clamped=clamped),
         )
         digests = conversation_prefix_digests(ctx.items)
         resolution = self.index.resolve(rollout_id, ctx.items, ctx.request_fingerprint)
-        call = Call(ctx, resolution, digests, id_kind, started=started)
+        call = Call(ctx, resolution, digests, id_kind, body=upstream, started=started)
         parent = resolution.parent
-        if self.settings.prefix_supply and parent is not None and parent.cum_tokens is not None:
-            call.required_prefix = list(parent.cum_tokens)
+        call.prefix_requested = bool(self.settings.prefix_supply and parent is not None
+                                     and parent.cum_tokens is not None)
         return call
 
-    def upstream_body(self, call: Call, chat_body: dict[str, Any]) -> dict[str, Any]:
-        out = self._pinned(chat_body)
+    def upstream_body(self, call: Call) -> dict[str, Any]:
+        out = dict(call.body)
         out["return_token_ids"] = True
         out["logprobs"] = True
-        top = chat_body.get("top_logprobs")
+        top = out.get("top_logprobs")
         if not isinstance(top, int) or top < 0:
             out["top_logprobs"] = 0
         out["include_reasoning"] = True  # vLLM hides token ids when reasoning is hidden
         out["return_weight_versions"] = True
-        if call.required_prefix is not None:
-            out["required_prefix_token_ids"] = call.required_prefix
+        if call.supplied_prefix is not None:
+            kv = out.get("kv_transfer_params")
+            kv = dict(kv) if isinstance(kv, dict) else {}
+            kv["prompt_token_ids"] = call.supplied_prefix
+            out["kv_transfer_params"] = kv
         return out
 
-    def _pinned(self, chat_body: dict[str, Any]) -> dict[str, Any]:
+    def lower_max_tokens(self, call: Call, upstream_body: dict[str, Any], value: int) -> None:
+        """Resend budget after the engine refused the first one for its context window (recorded as a clamp)."""
+        key = max_tokens_key(upstream_body)
+        upstream_body[key] = call.body[key] = value
+        call.ctx.facts = with_sent_max_tokens(call.ctx.facts, upstream_body)
+
+    def _fitted(self, chat_body: dict[str, Any], engine: EngineInfo | None) -> tuple[dict[str, Any], bool]:
+        """The chat body with the sampling pin, a model the engine serves and a budget it can take."""
         out = dict(chat_body)
         out.update(self.settings.sampling_overrides)
-        if self.settings.upstream_model:
-            # Harnesses ask for their own model names (claude-...); the engine serves one policy.
-            out["model"] = self.settings.upstream_model
-        return out
+        forced = self.settings.upstream_model
+        if engine is None:
+            if forced:
+                out["model"] = forced
+            return out, False
+        requested = out.get("model")
+        model, why = engine.choose(requested, forced)
+        if model is not None:
+            out["model"] = model
+        if why == "substituted":
+            self.catalog.note_substitution(requested, model)
+        limit = engine.max_model_len(model)
+        key = max_tokens_key(out)
+        asked = out.get(key)
+        if limit and isinstance(asked, int) and not isinstance(asked, bool) and asked > limit:
+            # It can never be served. vLLM then caps it at max_model_len - prompt itself
+            # (get_max_tokens); an engine that refuses instead is retried with the exact rest.
+            out[key] = limit
+            return out, True
+        return out, False
 
     # -- after the engine answered ---------------------------------------------------
-    async def complete(self, call: Call, data: dict[str, Any]) -> Outcome:
+    async def complete(self, call: Call, data: dict[str, Any], prepare: Callable[[], Any] | None = None) -> Outcome:
+        """Decide the call's one record and make it durable; ``prepare`` builds the harness's answer.
+
+        ``prepare`` runs after the finish-reason verdict and before anything is written, so an
+        answer that cannot be put in the harness's dialect (ValueError) leaves
+        CallIncomplete(untranslatable_output), never a capture the harness did not receive.
+        """
         ctx = call.ctx
+        choices = data.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        finish = choice.get("finish_reason")
+        if finish == "abort":
+            return await self._incomplete_outcome(
+                call, IncompleteReason.ABORTED, "the engine aborted the generation (vLLM finish_reason 'abort': "
+                "paused for a weight sync, or /abort_requests); the harness was told to retry", Outcome.ABORTED)
+        if finish == "error":
+            return await self._incomplete_outcome(
+                call, IncompleteReason.UPSTREAM_ERROR, "the engine ended the generation with finish_reason 'error'",
+                Outcome.ENGINE_FAILED)
+        if prepare is not None:
+            try:
+                call.answer = prepare()
+            except ValueError as exc:
+                return await self._incomplete_outcome(
+                    call, IncompleteReason.UNTRANSLATABLE_OUTPUT,
+                    f"the engine's answer cannot be expressed in the {ctx.dialect.value} dialect: {exc}",
+                    Outcome.UNTRANSLATABLE)
         try:
             tokens = extract_chat_tokens(data)
         except PartialTokenMetadata as exc:
@@ -136,21 +219,21 @@ class CaptureCore:
             return await self._incomplete_outcome(
                 call, IncompleteReason.MISSING_TOKEN_IDS, "engine returned no token ids (is it vLLM with return_token_ids?)")
         prefix_supplied = False
-        if call.required_prefix is not None:
-            prefix = call.required_prefix
-            if tokens.prompt_token_ids[: len(prefix)] != prefix:
-                outcome = await self._incomplete_outcome(
+        if call.supplied_prefix is not None:
+            if tokens.prompt_token_ids != call.supplied_prefix:
+                return await self._incomplete_outcome(
                     call, IncompleteReason.PREFIX_NOT_APPLIED,
-                    "the engine did not generate from the supplied parent prefix (required_prefix_token_ids); "
-                    "serve with a backend that honours it or turn prefix supply off")
-                return Outcome.PREFIX_FAILED if outcome is Outcome.INCOMPLETE else outcome
+                    f"the engine reported {len(tokens.prompt_token_ids)} prompt ids, not the "
+                    f"{len(call.supplied_prefix)} supplied as kv_transfer_params.prompt_token_ids; serve with vLLM >= 0.32 (which honours them) "
+                    "or turn prefix supply off", Outcome.PREFIX_FAILED)
             prefix_supplied = True
-        message = data["choices"][0].get("message") or {}
+        message = choice.get("message") or {}
         items, carrier = chat_output_items(message)
         version, source = self.policy_version_of(data)
         captured = captured_call(
             ctx, tokens, items, carrier, served_model=str(data.get("model") or ""), response_id=call.response_id,
             policy_version=version, policy_version_source=source, context_digest=call.context_digests[-1],
+            finish_reason=str(finish or ""),
         )
         captured = self._with_lineage(call, captured, tokens.prompt_token_ids, prefix_supplied)
         try:
@@ -158,11 +241,17 @@ class CaptureCore:
         except DurabilityError as exc:
             log.error("capture of call %s (rollout %s) not durable: %s", ctx.model_call_id, ctx.rollout_id, exc)
             return Outcome.NOT_DURABLE
+        # A generation that ended on its stop token, or was cut short, can be spliced into a
+        # child's prompt (prefix_supply.splice); one cut by a stop string cannot (its text and
+        # ids disagree), so only the others are worth their index budget.
+        on_stop = ends_with_stop(finish, choice.get("stop_reason"))
+        keep = self.index.keep_tokens and (on_stop or finish == "length")
         self.index.record(
             ctx.rollout_id, call_id=ctx.model_call_id, continuation_fingerprint=captured.continuation_fingerprint,
             cum_len=captured.cum_len, digest=captured.digest, context_len=captured.continuation_context_len,
             context_digest=captured.continuation_context_digest,
-            cum_tokens=(tokens.prompt_token_ids + tokens.generation_token_ids) if self.index.keep_tokens else None,
+            cum_tokens=(tokens.prompt_token_ids + tokens.generation_token_ids) if keep else None,
+            ends_on_stop=on_stop,
         )
         self.metrics.captured.inc()
         log.info("call captured", extra={
@@ -175,7 +264,7 @@ class CaptureCore:
     def _with_lineage(self, call: Call, captured: CallCaptured, prompt: list[int], prefix_supplied: bool) -> CallCaptured:
         """Stamp the request-time decision; store only the new prompt tokens when the parent is verified."""
         res = call.resolution
-        updates: dict[str, Any] = {"prefix_requested": call.required_prefix is not None,
+        updates: dict[str, Any] = {"prefix_requested": call.prefix_requested,
                                    "prefix_supplied": prefix_supplied}
         if res.status is ParentResolution.RESOLVED and res.parent is not None:
             parent = res.parent
@@ -189,9 +278,11 @@ class CaptureCore:
                            parent_resolution_reason=res.reason)
         return _replace(captured, updates)
 
-    async def _incomplete_outcome(self, call: Call, reason: str, detail: str) -> Outcome:
+    async def _incomplete_outcome(self, call: Call, reason: str, detail: str,
+                                  outcome: Outcome = Outcome.INCOMPLETE) -> Outcome:
+        call.failure = detail
         ok = await self.incomplete(call.ctx.rollout_id, call.ctx.model_call_id, reason, call.ctx.route, 200, detail)
-        return Outcome.INCOMPLETE if ok else Outcome.NOT_DURABLE
+        return outcome if ok else Outcome.NOT_DURABLE
 
     # -- evidence ------------------------------------------------------------------
     async def incomplete(self, rollout_id: str, call_id: str | None, reason: str, route: str,
@@ -223,13 +314,17 @@ class CaptureCore:
             self.metrics.spooled.inc()
 
     def policy_version_of(self, data: dict[str, Any]) -> tuple[str | None, str]:
-        """The engine's weight version when it reports one, else the one the trainer set via the admin route."""
+        """The engine's weight version when it names one, else the one the trainer set via the admin route.
+
+        vLLM labels every span "default" until a trainer names the weights, so spans that are
+        all "default" name no version. Several versions mean the weights changed during the
+        generation: all are kept, in order ("default" included, as the unnamed first weights).
+        """
         for choice in data.get("choices") or ():
             spans = choice.get("weight_versions") if isinstance(choice, dict) else None
             if spans:
                 versions = list(dict.fromkeys(str(s.get("version")) for s in spans if isinstance(s, dict)))
-                if versions:
-                    # Several versions: the weights changed during generation; keep them all, in order.
+                if versions and versions != [UNNAMED_WEIGHT_VERSION]:
                     return ",".join(versions), "engine"
         if self.admin_policy_version is not None:
             return self.admin_policy_version, "admin"

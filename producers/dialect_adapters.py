@@ -10,30 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from starlette.responses import Response
 
 from producers.adapters import StreamAdapter
 from producers.core import ParsedRequest
 from producers.dialects import anthropic, responses
-from producers.dialects.common import DialectError, encode_sse
+from producers.dialects.common import encode_sse
+from producers.engine_info import engine_message as _engine_message
 from producers.http import json_response
 from schemas.records import Dialect
 
 _ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                           404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                           503: "overloaded_error", 529: "overloaded_error"}
-
-
-def _engine_message(content: bytes) -> str:
-    try:
-        data = orjson.loads(content)
-        error = data.get("error", data) if isinstance(data, dict) else data
-        if isinstance(error, dict):
-            return str(error.get("message") or error.get("detail") or error)
-        return str(error)
-    except ValueError:
-        return content[:500].decode(errors="replace")
 
 
 class _TranslatingStream:
@@ -50,7 +39,7 @@ class _TranslatingStream:
         rest, terminal = self._t.finish()
         return b"".join(encode_sse(n, d) for n, d in rest), encode_sse(*terminal)
 
-    def error(self, status: int, message: str) -> bytes:
+    def error(self, status: int, message: str, kind: str = "capture_error") -> bytes:
         return self._error_event(status, message)
 
 
@@ -65,11 +54,9 @@ class AnthropicAdapter:
                              system=body.get("system"), stream=bool(body.get("stream")), original=body)
 
     def render(self, data: dict[str, Any], response_id: str, parsed: ParsedRequest) -> Response:
-        try:
-            return json_response(anthropic.from_chat_response(data, response_id=response_id,
-                                                              model=str(parsed.original.get("model") or "")))
-        except DialectError as exc:
-            return self.error(502, f"the model's answer cannot be expressed as an Anthropic message: {exc}", "api_error")
+        # DialectError propagates: the core records it before any capture is written.
+        return json_response(anthropic.from_chat_response(data, response_id=response_id,
+                                                          model=str(parsed.original.get("model") or "")))
 
     def stream_adapter(self, response_id: str, parsed: ParsedRequest) -> StreamAdapter:
         translator = anthropic.StreamTranslator(response_id, str(parsed.original.get("model") or ""))
@@ -96,11 +83,9 @@ class ResponsesAdapter:
                              system=instructions, stream=bool(body.get("stream")), original=body)
 
     def render(self, data: dict[str, Any], response_id: str, parsed: ParsedRequest) -> Response:
-        try:
-            return json_response(responses.from_chat_response(
-                data, response_id=response_id, model=str(parsed.original.get("model") or ""), request=parsed.original))
-        except DialectError as exc:
-            return self.error(502, f"the model's answer cannot be expressed as a Responses object: {exc}", "server_error")
+        # DialectError propagates: the core records it before any capture is written.
+        return json_response(responses.from_chat_response(
+            data, response_id=response_id, model=str(parsed.original.get("model") or ""), request=parsed.original))
 
     def stream_adapter(self, response_id: str, parsed: ParsedRequest) -> StreamAdapter:
         translator = responses.StreamTranslator(response_id, str(parsed.original.get("model") or ""), parsed.original)

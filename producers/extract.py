@@ -6,10 +6,15 @@ log-prob per generated token in ``logprobs.content[]``. All three must be there:
 none at all means the engine returned no token ids (the call is lost for
 training); some but not all is partial metadata. Both are reported, never
 patched up.
+
+A log-prob that is not a finite number above vLLM's floor of -9999.0 is partial
+metadata too: vLLM writes -9999.0 both for a sampled token missing from its
+logprob dict and for a clamped -inf, so the value is not the policy's.
 """
 
 from __future__ import annotations
 
+import math
 from array import array
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +24,7 @@ from schemas.errors import ContractError
 # Fields the interceptor adds upstream and must never hand to the harness.
 TOP_LEVEL_TOKEN_FIELDS = ("prompt_token_ids", "prompt_logprobs", "kv_transfer_params")
 CHOICE_TOKEN_FIELDS = ("token_ids", "routed_experts")
+VLLM_LOGPROB_FLOOR = -9999.0  # serving.py: the default logprob of an entry, and the clamp of -inf
 
 
 class PartialTokenMetadata(ContractError):
@@ -59,12 +65,24 @@ def extract_chat_tokens(response: dict[str, Any]) -> EngineTokens | None:
         log_probs = [float(entry["logprob"]) for entry in content]
     except (KeyError, TypeError, ValueError) as exc:
         raise PartialTokenMetadata(f"malformed logprobs.content entry: {exc}") from exc
+    _check_log_probs(log_probs, generation)
     return EngineTokens(
         prompt_token_ids=_ids(prompt, "prompt_token_ids"),
         generation_token_ids=_ids(generation, "choices[0].token_ids"),
         generation_log_probs=log_probs,
         routed_experts=choice.get("routed_experts"),
     )
+
+
+def _check_log_probs(log_probs: list[float], generation: Any) -> None:
+    # One pass; `not (floor < v)` is also true for NaN.
+    for i, value in enumerate(log_probs):
+        if not (VLLM_LOGPROB_FLOOR < value) or math.isinf(value):
+            token = generation[i] if isinstance(generation, list) and i < len(generation) else "?"
+            why = ("vLLM's placeholder for a sampled token missing from its logprob dict, or a clamped -inf"
+                   if value == VLLM_LOGPROB_FLOOR else "not a finite log-probability")
+            raise PartialTokenMetadata(f"logprob {value!r} of generated token {i} (id {token}) is {why}: the "
+                                       "policy's log-prob of that token is unknown")
 
 
 def _ids(value: Any, name: str) -> list[int]:

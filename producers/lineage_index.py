@@ -34,6 +34,7 @@ class IndexedCall:
     context_len: int
     context_digest: str
     cum_tokens: array | None = None
+    ends_on_stop: bool = True  # False: cut short (length); prefix supply then finds the turn end itself
 
 
 @dataclass(slots=True)
@@ -99,6 +100,7 @@ class LineageIndex:
         context_len: int,
         context_digest: str,
         cum_tokens: list[int] | None = None,
+        ends_on_stop: bool = True,
     ) -> None:
         """Index a call once its capture is durable (so a continuation can only see durable parents)."""
         rollout = self._rollouts.get(rollout_id)
@@ -109,7 +111,8 @@ class LineageIndex:
         if call_id in rollout.calls:
             return
         tokens = array("I", cum_tokens) if (self.keep_tokens and cum_tokens is not None) else None
-        rollout.calls[call_id] = IndexedCall(call_id, cum_len, digest, context_len, context_digest, tokens)
+        rollout.calls[call_id] = IndexedCall(call_id, cum_len, digest, context_len, context_digest, tokens,
+                                             ends_on_stop)
         rollout.by_fingerprint.setdefault(continuation_fingerprint, []).append(call_id)
         if tokens is not None:
             rollout.tokens += len(tokens)

@@ -41,10 +41,20 @@ class InterceptorSettings(BaseModel):
     )
     delta_records: bool = Field(True, description="Store only the prompt suffix after a verified parent")
     prefix_supply: bool = Field(
-        False, description="Send the parent's exact ids as required_prefix_token_ids (the engine must honour it)"
+        False, description="Send the verified parent's exact ids as the prompt prefix (vLLM kv_transfer_params."
+                           "prompt_token_ids); checked against the engine at startup"
     )
     upstream_model: str | None = Field(
-        None, description="Model name sent to the engine (the harness's requested name is kept as a fact)"
+        None, description="Model name always sent to the engine; by default the engine's served model replaces a "
+                          "name it does not serve (the harness's requested name is kept as a fact)"
+    )
+    upstream_api_key: SecretStr | None = Field(
+        None, description="Sent to the engine as 'Authorization: Bearer <key>' instead of whatever the harness sent "
+                          "(env TOKENTRAIL_UPSTREAM_API_KEY); without it an Anthropic x-api-key is mapped to Bearer"
+    )
+    logprobs_mode: str = Field(
+        "raw_logprobs", description="What the engine's logprob values mean (vLLM --logprobs-mode), recorded on "
+                                    "every call: raw_logprobs (vLLM's default) or processed_logprobs"
     )
     index_max_rollouts: int = 65_536
     index_max_tokens: int = Field(16_000_000, description="Token budget of the lineage index (prefix supply only)")
@@ -56,6 +66,19 @@ class InterceptorSettings(BaseModel):
             raise ValueError(f"upstream_url must be an http(s) URL, got {value!r} (e.g. http://127.0.0.1:8000)")
         return value.rstrip("/")
 
+    @field_validator("logprobs_mode")
+    @classmethod
+    def _logprobs_not_logits(cls, value: str) -> str:
+        if value in LOGIT_MODES:
+            raise ValueError(
+                f"logprobs_mode={value!r}: in that mode vLLM puts logits, not log-probabilities, in the logprob "
+                "field, and a trainer cannot use them as the sampling policy's log-probs; serve with vLLM "
+                "--logprobs-mode raw_logprobs (the default) or processed_logprobs and declare the same here")
+        if value not in LOGPROB_MODES:
+            raise ValueError(f"logprobs_mode={value!r} is not a vLLM --logprobs-mode; allowed: "
+                             f"{', '.join(LOGPROB_MODES)}")
+        return value
+
     @field_validator("sampling_overrides")
     @classmethod
     def _known_sampling_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
@@ -66,6 +89,11 @@ class InterceptorSettings(BaseModel):
             )
         return value
 
+
+# vLLM --logprobs-mode values (vllm/config/model.py): the *_logprobs ones are log-probabilities
+# (raw: before temperature/top-p/top-k, processed: after); the *_logits ones are not.
+LOGPROB_MODES = ("raw_logprobs", "processed_logprobs")
+LOGIT_MODES = ("raw_logits", "processed_logits")
 
 SAMPLING_KEYS = frozenset(
     {

@@ -30,6 +30,7 @@ class ChatStreamAccumulator:
         self.reasoning: list[str] = []
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.finish_reason: str | None = None
+        self.stop_reason: Any = None
         self.usage: dict[str, Any] | None = None
         self.model = ""
         self.weight_versions: Any = None
@@ -68,6 +69,7 @@ class ChatStreamAccumulator:
                     slot["function"]["arguments"] += function["arguments"]
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
+                self.stop_reason = choice.get("stop_reason")
             if choice.get("weight_versions") is not None:
                 self.weight_versions = choice["weight_versions"]
 
@@ -82,6 +84,7 @@ class ChatStreamAccumulator:
         if self.tool_calls:
             message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": self.finish_reason,
+                                  "stop_reason": self.stop_reason,
                                   "logprobs": {"content": self.logprobs} if self.logprobs is not None else None}
         if self.token_ids is not None:
             choice["token_ids"] = self.token_ids
@@ -117,5 +120,5 @@ class ChatStreamAdapter:
     def finish(self) -> tuple[bytes, bytes]:
         return b"", DONE
 
-    def error(self, status: int, message: str) -> bytes:
-        return b"data: " + orjson.dumps({"error": {"message": message, "type": "capture_error", "code": status}}) + b"\n\n"
+    def error(self, status: int, message: str, kind: str = "capture_error") -> bytes:
+        return b"data: " + orjson.dumps({"error": {"message": message, "type": kind, "code": status}}) + b"\n\n"

@@ -54,6 +54,15 @@ class IncompleteReason(StrEnum):
     CAPTURE_EXCEPTION = "capture_exception"
     PREFIX_NOT_APPLIED = "prefix_not_applied"
     CLIENT_DISCONNECTED = "client_disconnected"
+    # The engine refused the request (HTTP 4xx: context too long, unknown model, ...); detail
+    # carries its message, so the mask reason says why.
+    ENGINE_REJECTED = "engine_rejected"
+    # The engine aborted the generation (vLLM finish_reason "abort": a pause for a weight
+    # sync, /abort_requests); the harness was told to retry.
+    ABORTED = "aborted"
+    # The engine answered, but its answer cannot be expressed in the harness's dialect
+    # (e.g. tool arguments that are not a JSON object for Anthropic); the harness got a 502.
+    UNTRANSLATABLE_OUTPUT = "untranslatable_output"
 
 
 @dataclass(**_FROZEN)
@@ -73,6 +82,9 @@ class CallFacts:
     policy_version: str | None = None
     policy_version_source: str = ""
     response_id: str = ""
+    max_tokens_sent: int | None = None
+    max_tokens_clamped: bool = False
+    logprobs_mode: str = ""
 
 
 @dataclass(**_FROZEN)
@@ -101,6 +113,7 @@ class CallCaptured:
     fingerprint_version: int = 1
     prefix_requested: bool = False
     prefix_supplied: bool = False
+    finish_reason: str = ""
 
     def __post_init__(self) -> None:
         n_gen = len(self.generation_token_ids)

@@ -104,13 +104,27 @@ def _snapshot_reasons(snapshot: Snapshot, rules: RebuildRules) -> list[MaskReaso
     reasons = []
     if snapshot.incomplete:
         counts = Counter(m.reason for m in snapshot.incomplete_markers)
-        detail = ", ".join(f"{reason} x{n}" if n > 1 else reason for reason, n in sorted(counts.items()))
+        detail = ", ".join(_why(snapshot, reason, f"{reason} x{n}" if n > 1 else reason)
+                           for reason, n in sorted(counts.items()))
         ids = sorted({m.model_call_id for m in snapshot.incomplete_markers if m.model_call_id})
         reasons.append(MaskReason(code="capture_incomplete", detail=detail, call_ids=ids))
     if snapshot.late_writes and rules.mask_late_writes:
         late = sorted({sc.call.model_call_id for sc in snapshot.calls if sc.late})
         reasons.append(MaskReason(code="late_write", detail=f"{snapshot.late_writes} write(s) after finish", call_ids=late))
     return reasons
+
+
+# Reasons whose cause is only in the engine's own words: the mask reason quotes them.
+_QUOTED_REASONS = ("engine_rejected", "aborted", "untranslatable_output")
+
+
+def _why(snapshot: Snapshot, reason: str, label: str) -> str:
+    if reason not in _QUOTED_REASONS:
+        return label
+    # The smallest (status, detail) of that reason: independent of the markers' order.
+    status, text = min((m.http_status or 0, m.detail) for m in snapshot.incomplete_markers if m.reason == reason)
+    quote = f"HTTP {status}: {text}" if status else text
+    return f"{label} ({quote[:200]})" if quote else label
 
 
 def _no_policy_reasons(forest: Forest) -> list[MaskReason]:

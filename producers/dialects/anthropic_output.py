@@ -12,8 +12,9 @@ Guarantees:
   hand the harness a call the model did not make (its echo would re-render other tokens).
 * ``stop_reason``: ``tool_use`` when tool calls were parsed and the model stopped by itself,
   ``max_tokens`` on ``length``, ``stop_sequence`` (with ``stop_sequence`` set) when vLLM
-  reports the matched stop string, ``refusal`` on ``content_filter``, else ``end_turn``;
-  other finish reasons (``abort``, ``error``) raise ``DialectError``.
+  reports the matched stop string, ``refusal`` on ``content_filter``, ``end_turn`` on vLLM's
+  ``repetition`` (the detector ended the turn) and otherwise; other finish reasons
+  (``abort``, ``error``) raise ``DialectError``.
 * No token field (``prompt_token_ids``, ``token_ids``, ``logprobs``) is ever copied.
 """
 
@@ -31,6 +32,8 @@ def stop_fields(finish_reason: str, vllm_stop_reason: Any, tool_calls: bool) -> 
         return "max_tokens", None
     if finish_reason == "content_filter":
         return "refusal", None
+    if finish_reason == "repetition":  # vLLM's repetition detector ended the turn
+        return "end_turn", None
     if tool_calls:  # "tool_calls", or "stop" when the caller named the tool (vLLM's rule)
         return "tool_use", None
     if finish_reason == "stop" and isinstance(vllm_stop_reason, str):

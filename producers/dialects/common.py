@@ -22,9 +22,11 @@ from typing import Any
 
 IMAGE_PLACEHOLDER = "[image]"
 
-# Chat finish reasons the dialects can express; anything else (vLLM "abort", "error")
-# means the generation did not end normally and is refused rather than guessed at.
-KNOWN_FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")
+# Chat finish reasons the dialects can express. vLLM's "repetition" (its repetition detector
+# stopped a generation whose tokens were really sampled) ends a turn like "stop". Anything else
+# (vLLM "abort", "error") means the generation did not end normally: the interceptor records
+# it before translating, and a translator refuses it rather than guess.
+KNOWN_FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter", "repetition")
 
 
 class DialectError(ValueError):

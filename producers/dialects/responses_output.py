@@ -11,7 +11,8 @@ Guarantees:
   a stream of the same generation yields the same ids (``responses_stream``).
 * ``status`` is ``completed``, or ``incomplete`` with ``incomplete_details.reason``
   ``max_output_tokens`` (finish ``length``; the last item is then ``incomplete`` too) or
-  ``content_filter``. Other finish reasons raise ``DialectError``.
+  ``content_filter``; vLLM's ``repetition`` (its detector ended the turn) is ``completed``.
+  Other finish reasons raise ``DialectError``.
 * The envelope echoes the request's settings (instructions, tools, tool_choice, sampling,
   ...) with the defaults the OpenAI API reports, and satisfies the OpenAI SDK's ``Response``
   model. ``store`` is reported false: nothing is stored, whatever was asked.
@@ -52,7 +53,7 @@ def status_of(finish_reason: str) -> tuple[str, str | None]:
         return "incomplete", "max_output_tokens"
     if finish_reason == "content_filter":
         return "incomplete", "content_filter"
-    if finish_reason in ("stop", "tool_calls"):
+    if finish_reason in ("stop", "tool_calls", "repetition"):
         return "completed", None
     raise DialectError(f"upstream finish_reason {finish_reason!r} has no Responses equivalent")
 

@@ -59,13 +59,25 @@ def vllm_chat_response(prompt_ids, gen_ids, text="hi", tool_calls=None, *, token
 
 
 class ScriptedUpstream:
+    """Answers scripted responses in order. GET /v1/models (the interceptor's model discovery) is
+    answered from ``models`` and recorded in ``model_requests``, apart from the scripted calls."""
+
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
         self.responses: list[httpx.Response] = []
+        self.models: httpx.Response | None = None  # None: {"data": [{"id": "policy", "max_model_len": 32768}]}
+        self.model_requests: list[dict[str, Any]] = []
 
     def handler(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append({"path": request.url.path, "body": json.loads(request.content or b"null"),
-                              "headers": dict(request.headers)})
+        entry = {"path": request.url.path, "body": json.loads(request.content or b"null"),
+                 "headers": dict(request.headers)}
+        if request.method == "GET" and request.url.path == "/v1/models":
+            self.model_requests.append(entry)
+            if self.models is not None:
+                return self.models
+            return httpx.Response(200, json={"object": "list", "data": [
+                {"id": "policy", "object": "model", "max_model_len": 32768}]})
+        self.requests.append(entry)
         if self.responses:
             return self.responses.pop(0)
         return httpx.Response(200, json={"object": "list", "data": [{"id": "policy"}]})
@@ -114,5 +126,25 @@ async def make_interceptor(publisher, tmp_path):
 
     yield make
     for http, app in clients:
+        await http.aclose()
+        await app.shutdown()
+
+
+@pytest.fixture
+async def over_engine(publisher):
+    """An interceptor in front of a ``FakeVLLM`` (tests.unit.producers.fake_vllm); settings overridable."""
+    made = []
+
+    async def make(engine, **overrides):
+        settings = InterceptorSettings(**{"upstream_url": "http://engine", "bootstrap": "unused:9092",
+                                          "control_token": "s3cret", **overrides})
+        app = Interceptor(settings, publisher=publisher, upstream=engine.client())  # type: ignore[arg-type]
+        await app.startup()
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://tt", timeout=30)
+        made.append((http, app))
+        return http, app
+
+    yield make
+    for http, app in made:
         await http.aclose()
         await app.shutdown()

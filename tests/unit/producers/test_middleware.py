@@ -31,7 +31,8 @@ async def test_wrapped_policy_server_serves_bare_routes_and_captures_prefixed_on
     app = TokentrailMiddleware(create_app(), settings=SETTINGS, publisher=publisher)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://vllm") as http:
         assert (await http.get("/v1/models")).status_code == 200
-        plain = await http.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}],
+        plain = await http.post("/v1/chat/completions", json={"model": "tokentrail-policy",
+                                                              "messages": [{"role": "user", "content": "x"}],
                                                               "return_token_ids": True})
         assert "prompt_token_ids" in plain.json() and publisher.events == []  # untouched vLLM behaviour
         r = await http.post("/ng-rollout/mw-1/training-token-capture/v1/chat/completions",
@@ -88,4 +89,205 @@ async def test_chunks_reach_the_client_before_the_engine_finishes(publisher):
     assert rest[-1] == "data: [DONE]"
     (event,) = publisher.events
     assert event.body.generation_token_ids == [5, 6] and event.body.generation_log_probs == [-0.5, -0.25]
+    await app.interceptor.shutdown()
+
+
+# -- registered the way vLLM registers it: app.add_middleware(cls) -----------------------------
+
+import logging
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.routing import Route
+
+from producers.middleware import ENV_SETTINGS, claim_spool_dir
+from producers.spool import Spool
+from schemas.codec import encode_event
+from schemas.records import CallIncomplete
+from tests.factories import event, incomplete
+
+CAPTURE = "/ng-rollout/{rid}/training-token-capture/v1/chat/completions"
+
+
+class _ReadsAppState:
+    """A route like every vLLM handler: it finds its engine through ``request.app.state``."""
+
+    def __init__(self) -> None:
+        self.states: list[dict] = []
+
+    async def __call__(self, scope, receive, send):
+        request = Request(scope, receive)
+        engine = request.app.state.engine_client  # KeyError('app') when the scope has no "app"
+        self.states.append(dict(scope.get("state") or {}))
+        if engine == "broken":
+            raise KeyError("engine_client")
+        await engine(scope, receive, send)
+
+
+def _vllm_like(engine: object = None) -> tuple[Starlette, _ReadsAppState]:
+    handler = _ReadsAppState()
+    app = Starlette(routes=[Route("/v1/chat/completions", handler, methods=["POST"]),
+                            Route("/v1/models", handler, methods=["GET"])])
+    app.state.engine_client = create_app() if engine is None else engine
+    return app, handler
+
+
+def _middleware_of(app: Starlette) -> TokentrailMiddleware:
+    layer = app.middleware_stack
+    while not isinstance(layer, TokentrailMiddleware):
+        layer = layer.app
+    return layer
+
+
+async def _lifespan(app, *, then_shutdown: bool = False) -> list[dict]:
+    """Drive the ASGI lifespan protocol like uvicorn; returns what the app sent."""
+    incoming: asyncio.Queue = asyncio.Queue()
+    sent: list[dict] = []
+    incoming.put_nowait({"type": "lifespan.startup"})
+    if then_shutdown:
+        incoming.put_nowait({"type": "lifespan.shutdown"})
+
+    async def send(message):
+        sent.append(message)
+
+    task = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {"shared": 1}},
+                                   incoming.get, send))
+    if then_shutdown:
+        await asyncio.wait_for(task, 10)
+    else:
+        for _ in range(200):
+            if sent:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+    return sent
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["complete", "stream"])
+async def test_added_with_add_middleware_the_engine_still_finds_request_app(publisher, stream):
+    app, handler = _vllm_like()
+    app.add_middleware(TokentrailMiddleware, settings=SETTINGS, publisher=publisher)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://vllm") as http:
+        assert (await http.get("/ng-rollout/mw-3/training-token-capture/v1/models")).status_code == 200
+        r = await http.post(CAPTURE.format(rid="mw-3"), json={
+            "model": "tokentrail-policy", "messages": [{"role": "user", "content": "x"}], "stream": stream})
+        assert r.status_code == 200, r.text
+        if stream:
+            assert r.text.rstrip().endswith("data: [DONE]")
+    captured = [e.body for e in publisher.events if isinstance(e.body, CallCaptured)]
+    assert len(captured) == 1 and captured[0].generation_token_ids
+    assert handler.states  # the handler ran in-process, through request.app
+    await _middleware_of(app).interceptor.shutdown()
+
+
+async def test_an_engine_exception_is_an_upstream_error_not_a_500_without_evidence(publisher):
+    app, _ = _vllm_like(engine="broken")
+    app.add_middleware(TokentrailMiddleware, settings=SETTINGS, publisher=publisher)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://vllm") as http:
+        r = await http.post(CAPTURE.format(rid="mw-4"), json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 502 and "KeyError" in r.json()["error"]["message"]
+    (marker,) = [e.body for e in publisher.events]
+    assert isinstance(marker, CallIncomplete) and marker.reason == "upstream_error"
+    await _middleware_of(app).interceptor.shutdown()
+
+
+async def test_the_lifespan_state_reaches_the_in_process_request(publisher):
+    app, handler = _vllm_like()
+    app.add_middleware(TokentrailMiddleware, settings=SETTINGS, publisher=publisher)
+    assert (await _lifespan(app))[0]["type"] == "lifespan.startup.complete"
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://vllm") as http:
+        await http.post(CAPTURE.format(rid="mw-5"), json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    assert handler.states[-1] == {"shared": 1}
+    await _middleware_of(app).interceptor.shutdown()
+
+
+async def test_missing_bootstrap_keeps_vllm_serving_and_answers_capture_calls_503(monkeypatch, caplog):
+    for name, _, _ in ENV_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    app, _ = _vllm_like()
+    app.add_middleware(TokentrailMiddleware)  # exactly what vllm serve --middleware does
+    with caplog.at_level(logging.ERROR, logger="tokentrail.interceptor"):
+        # under uvicorn's lifespan="auto" a raise here would turn every request into a 500
+        assert (await _lifespan(app))[0]["type"] == "lifespan.startup.complete"
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://vllm") as http:
+            plain = await http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+            assert plain.status_code == 200  # vLLM's own routes keep working
+            for path in (CAPTURE.format(rid="mw-6"), "/ng-rollout/mw-6/training-token-capture/v1/messages"):
+                r = await http.post(path, json={"model": "m", "max_tokens": 5,
+                                                "messages": [{"role": "user", "content": "x"}]})
+                assert r.status_code == 503 and "TOKENTRAIL_BOOTSTRAP" in r.text
+    assert len([rec for rec in caplog.records if "TOKENTRAIL_BOOTSTRAP" in rec.getMessage()]) == 1
+
+
+def test_every_environment_variable_names_a_setting():
+    assert all(field in InterceptorSettings.model_fields for _, field, _ in ENV_SETTINGS)
+    assert len({name for name, _, _ in ENV_SETTINGS}) == len(ENV_SETTINGS)
+    s = settings_from_env({"TOKENTRAIL_BOOTSTRAP": "k:9092", "TOKENTRAIL_UPSTREAM_MODEL": "Qwen/Qwen3-0.6B",
+                           "TOKENTRAIL_DELTA_RECORDS": "0", "TOKENTRAIL_SPOOL_DIR": "/tmp/x"})
+    assert s.upstream_model == "Qwen/Qwen3-0.6B" and s.delta_records is False and str(s.spool_dir) == "/tmp/x"
+    assert settings_from_env({"TOKENTRAIL_BOOTSTRAP": "k:9092"}).upstream_model is None
+    with pytest.raises(ConfigError, match="TOKENTRAIL_PREFIX_SUPPLY"):
+        settings_from_env({"TOKENTRAIL_BOOTSTRAP": "k:9092", "TOKENTRAIL_PREFIX_SUPPLY": "maybe"})
+
+
+# -- one spool per API server process --------------------------------------------------------
+
+def _spool_with(directory, n: int) -> list[bytes]:
+    values = [encode_event(event("left", incomplete(f"{i:032x}"))) for i in range(n)]
+    spool = Spool(directory)
+    for value in values:
+        spool.append(SETTINGS.topics.rollout_events, b"left", value)
+    spool.close()
+    return values
+
+
+def test_processes_claim_their_own_spool_and_a_left_one_is_preferred(tmp_path):
+    first = Spool(claim_spool_dir(tmp_path))  # held, like a live process
+    assert first.dir == tmp_path / "api-0"
+    second_dir = claim_spool_dir(tmp_path)
+    assert second_dir == tmp_path / "api-1"
+    _spool_with(tmp_path / "api-2", 2)  # a process that died with events spooled
+    assert claim_spool_dir(tmp_path) == tmp_path / "api-2"
+    assert claim_spool_dir(tmp_path, frozenset({tmp_path / "api-2"})) == tmp_path / "api-1"  # free, empty
+    first.close()
+
+
+async def test_middlewares_sharing_a_spool_dir_start_and_a_restart_drains_the_dead_one_in_order(tmp_path, publisher):
+    from tests.unit.producers.conftest import RecordingPublisher
+
+    settings = SETTINGS.model_copy(update={"spool_dir": tmp_path})
+    left = _spool_with(tmp_path / "api-1", 3)
+    alive = [TokentrailMiddleware(create_app(), settings=settings, publisher=RecordingPublisher()) for _ in range(2)]
+    for mw in alive:
+        await mw._ensure_started()  # each API server process of a data-parallel vLLM
+    spools = {mw.interceptor.core.writer._spool.dir for mw in alive}
+    assert spools == {tmp_path / "api-0", tmp_path / "api-1"}
+    drained = next(mw for mw in alive if mw.interceptor.core.writer._spool.dir == tmp_path / "api-1")
+    for _ in range(250):
+        if not drained.interceptor.core.writer.spooled:
+            break
+        await asyncio.sleep(0.02)
+    assert [raw[2] for raw in drained.interceptor._publisher.raw] == left  # in order, once
+    for mw in alive:
+        await mw.interceptor.shutdown()
+
+
+async def test_an_engine_that_raises_mid_stream_interrupts_the_capture(publisher):
+    async def engine(scope, receive, send):
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        first = {"id": "x", "object": "chat.completion.chunk", "model": "m", "prompt_token_ids": [1, 2],
+                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+        await send({"type": "http.response.body", "body": b"data: " + json.dumps(first).encode() + b"\n\n",
+                    "more_body": True})
+        raise RuntimeError("engine core died")
+
+    app = TokentrailMiddleware(engine, settings=SETTINGS, publisher=publisher)
+    async with httpx.AsyncClient(transport=StreamingASGITransport(app), base_url="http://vllm") as http:
+        r = await http.post(CAPTURE.format(rid="mw-7"), json={"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                                              "stream": True})
+    assert '"error"' in r.text and "[DONE]" not in r.text.split('"error"')[0]
+    (marker,) = [e.body for e in publisher.events]
+    assert isinstance(marker, CallIncomplete) and marker.reason == "stream_interrupted"
+    assert "engine core died" in marker.detail
     await app.interceptor.shutdown()

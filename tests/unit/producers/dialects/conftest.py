@@ -41,7 +41,9 @@ class Call:
 
 class Bridge:
     def __init__(self, **settings: Any) -> None:
-        self.policy_app = create_app(PolicySettings(**settings))
+        policy_settings = PolicySettings(**settings)
+        self.served_model = policy_settings.served_model_name
+        self.policy_app = create_app(policy_settings)
         self.policy = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.policy_app), base_url="http://policy")
         self.calls: list[Call] = []
         self.app = Starlette(routes=[
@@ -71,7 +73,8 @@ class Bridge:
         except DialectError as exc:
             return JSONResponse({"type": "error", "error": {"type": "invalid_request_error", "message": str(exc)}},
                                 400)
-        upstream_body = {**chat, "return_token_ids": True, "logprobs": True}  # as the interceptor adds them
+        # As the interceptor sends it: the model the engine serves, and the capture fields.
+        upstream_body = {**chat, "model": self.served_model, "return_token_ids": True, "logprobs": True}
         upstream = await self.policy.post("/v1/chat/completions", json=upstream_body)
         assert upstream.status_code == 200, upstream.text
         response_id = f"{'msg' if dialect == 'anthropic' else 'resp'}_call{len(self.calls)}"

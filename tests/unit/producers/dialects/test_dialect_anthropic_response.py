@@ -54,6 +54,8 @@ def test_full_message():
     ("tool_calls", None, True, ("tool_use", None)),
     ("stop", None, True, ("tool_use", None)),  # a named tool_choice: vLLM says "stop"
     ("content_filter", None, False, ("refusal", None)),
+    ("repetition", None, False, ("end_turn", None)),  # vLLM's repetition detector ended the turn
+    ("repetition", None, True, ("end_turn", None)),
 ])
 def test_stop_reasons(finish, vllm_stop, calls, expected):
     message = {"content": "x", **({"tool_calls": [CALL]} if calls else {})}

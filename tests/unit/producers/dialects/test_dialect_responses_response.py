@@ -54,7 +54,7 @@ def test_full_response():
 
 
 @pytest.mark.parametrize("finish, status, reason", [
-    ("stop", "completed", None), ("tool_calls", "completed", None),
+    ("stop", "completed", None), ("tool_calls", "completed", None), ("repetition", "completed", None),
     ("length", "incomplete", "max_output_tokens"), ("content_filter", "incomplete", "content_filter")])
 def test_status(finish, status, reason):
     out = rdialect.from_chat_response(vllm_completion({"content": "x"}, finish), response_id="r", model="m",

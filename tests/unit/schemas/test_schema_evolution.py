@@ -1,0 +1,69 @@
+"""Fields added to CallCaptured / CallFacts (finish_reason, max_tokens_sent, max_tokens_clamped,
+logprobs_mode): they round-trip, and events from every archived (older) writer still decode, with
+the new fields at their defaults."""
+
+from __future__ import annotations
+
+import io
+import json
+from importlib import resources
+
+import fastavro
+import pytest
+
+from schemas import codec
+from schemas.records import CallCaptured, IncompleteReason
+from tests.factories import event, incomplete, make_call
+
+NEW_CALL_FIELDS = {"finish_reason": ""}
+NEW_FACT_FIELDS = {"max_tokens_sent": None, "max_tokens_clamped": False, "logprobs_mode": ""}
+
+
+def _archived_event_writers() -> list[dict]:
+    history = resources.files("schemas") / "avro" / "history"
+    current = codec.event_codec().fingerprint.hex()
+    return [json.loads(f.read_text()) for f in sorted(history.iterdir(), key=lambda f: f.name)
+            if f.name.startswith("RolloutEvent.") and current not in f.name]
+
+
+def _fields_of(schema: dict, name: str) -> set[str]:
+    for branch in next(f for f in schema["fields"] if f["name"] == "body")["type"]:
+        if isinstance(branch, dict) and branch.get("name") in (name, f"tokentrail.{name}"):
+            return {f["name"] for f in branch["fields"]}
+    raise AssertionError(f"{name} is not a body branch")
+
+
+def test_the_new_fields_round_trip():
+    call = make_call([1, 2], [3], finish_reason="repetition",
+                     facts={"max_tokens": 128000, "max_tokens_sent": 32768, "max_tokens_clamped": True,
+                            "logprobs_mode": "processed_logprobs"})
+    back = codec.decode_event(codec.encode_event(event("r", call))).body
+    assert back == call and back.finish_reason == "repetition" and back.facts.max_tokens_sent == 32768
+
+
+def test_the_new_incomplete_reasons_round_trip():
+    for reason in (IncompleteReason.ENGINE_REJECTED, IncompleteReason.ABORTED, IncompleteReason.UNTRANSLATABLE_OUTPUT):
+        back = codec.decode_event(codec.encode_event(event("r", incomplete("c" * 32, reason)))).body
+        assert back.reason == str(reason)
+
+
+def test_the_writer_before_these_fields_is_archived():
+    older = [w for w in _archived_event_writers() if "finish_reason" not in _fields_of(w, "CallCaptured")]
+    assert older, "the released writer without finish_reason must stay readable: keep its history file"
+
+
+@pytest.mark.parametrize("writer", _archived_event_writers())
+def test_an_event_from_an_older_writer_decodes_with_the_new_fields_at_their_defaults(writer):
+    parsed = fastavro.parse_schema(writer)
+    call = make_call([1, 2, 3], [4, 5])
+    datum = codec.to_avro(event("r-old", call))
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, parsed, datum)  # fields the old writer lacks are simply not written
+    data = codec.MAGIC + codec._fingerprint_of(parsed) + buf.getvalue()
+    back = codec.decode_event(data).body
+    assert isinstance(back, CallCaptured)
+    assert back.generation_token_ids == [4, 5] and back.digest == call.digest
+    for name, default in NEW_CALL_FIELDS.items():
+        assert getattr(back, name) == default
+    for name, default in NEW_FACT_FIELDS.items():
+        assert getattr(back.facts, name) == default
