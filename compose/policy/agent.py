@@ -1,23 +1,18 @@
 """The scripted agent policy: which tokens the reference policy generates.
 
-The *decision* (tool call or final answer, which tool, which arguments) is scripted so
-tests can drive multi-turn tool use; every emitted token's log-prob is nevertheless the
-model table's log-prob of that token in its actual context (``model.py``).
+The *decision* (tool calls or a final answer) is scripted (``script.py``) so tests can
+drive multi-turn tool use; every emitted token's log-prob is nevertheless the model
+table's log-prob of that token in its actual context (``model.py``). A tool call is
 
-Decision rule:
+    <tool_call> + encode('{"name": "<tool>", "arguments": <args>}') + </tool_call>
 
-* Tools offered, ``tool_choice`` not ``"none"``, and fewer than K tool results since
-  the last user message (K from a ``#tool-calls=K`` directive in a system or user
-  message, else the server default, 2) -> one tool call::
-
-      <tool_call> + encode('{"name": "<tool>", "arguments": <args>}') + </tool_call> + <|im_end|>
-
-  ``tool_choice: "required"`` or a named tool always calls. The tool is the named one,
-  else a ``#tool=NAME`` directive, else ``Bash``/``bash`` if offered, else the first.
-  Arguments are built from the schema's required properties and serialised with
-  ``json.dumps(args, ensure_ascii=False)``.
-* Otherwise a final answer: a sampled sentence of 8-40 tokens, then ``<|im_end|>``.
-* With reasoning on, ``<think>`` + sampled words + ``</think>`` come first.
+once per decided call, then ``<|im_end|>``. A forced tool choice (``"required"`` or a
+named tool) with ``forced_tool_format="json"`` emits vLLM's grammar-constrained JSON
+instead (``script.forced_json_text``), then ``<|im_end|>``. Otherwise a final answer: a
+sampled sentence of 8-40 tokens, then ``<|im_end|>``. With reasoning on, ``<think>`` +
+sampled words + ``</think>`` come first. The ``repetition`` fault makes the answer
+repeat a two-word phrase until vLLM's repetition detection would stop it
+(finish_reason ``"repetition"``).
 
 Guarantees: free text is drawn only from whole pre-token pieces (a capitalised word,
 then space-prefixed words, then one ``.``), so ``encode(decode(ids)) == ids`` for the
@@ -28,19 +23,24 @@ string, or at ``max_tokens`` (finish reason ``length``).
 
 from __future__ import annotations
 
-import json
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from compose.policy import template, tokenizer as tk
 from compose.policy.model import PolicyModel
-from compose.policy.words import WORDS
+from compose.policy.script import (  # noqa: F401  (re-exported: the decision API lives in script.py)
+    ToolDecision,
+    build_arguments,
+    decide_tool_call,
+    decide_tool_calls,
+    directive_values,
+    forced_json_text,
+    tool_results_since_last_user,
+)
 
-_K_DIRECTIVE = re.compile(r"#tool-calls=(\d+)")
-_TOOL_DIRECTIVE = re.compile(r"#tool=([A-Za-z0-9_.:\-]+)")
+_REPEATS = 6  # phrase repetitions after which the repetition fault stops the generation
 
 
 @dataclass
@@ -54,7 +54,10 @@ class GenerationParams:
     stop_token_ids: tuple[int, ...] = ()
     reasoning: bool = False
     drift: bool = False
-    weight_version: int = 0
+    repetition: bool = False
+    forced_json: bool = False  # a forced tool choice writes vLLM's constrained JSON, not markup
+    weight_version: int = 0  # the model-table version (control.version_key of the label)
+    weight_label: str = "default"
 
 
 @dataclass
@@ -62,97 +65,17 @@ class Generation:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)  # table row of each position (top_logprobs)
-    finish_reason: str | None = None  # "stop" | "length"
+    finish_reason: str | None = None  # "stop" | "length" | "repetition" | "abort"
     stop_reason: str | int | None = None
-    weight_version: int = 0
+    weight_version: int = 0  # the model-table version
+    weight_label: str = "default"  # the label vLLM reports in weight_versions
 
-
-@dataclass
-class ToolDecision:
-    name: str
-    arguments: str  # the exact JSON text the model generates
-
-
-def directive_values(messages: list[Any]) -> tuple[int | None, str | None]:
-    """(K, tool name) from ``#tool-calls=K`` / ``#tool=NAME`` in system and user messages."""
-    k = name = None
-    for m in messages:
-        if isinstance(m, dict) and m.get("role") in ("system", "developer", "user"):
-            text = template.content_text(m.get("content"))
-            for match in _K_DIRECTIVE.finditer(text):
-                k = int(match.group(1))
-            for match in _TOOL_DIRECTIVE.finditer(text):
-                name = match.group(1)
-    return k, name
-
-
-def tool_results_since_last_user(messages: list[Any]) -> int:
-    count = 0
-    for m in reversed(messages):
-        role = m.get("role") if isinstance(m, dict) else None
-        if role == "user":
-            break
-        if role in ("tool", "function"):
-            count += 1
-    return count
-
-
-def _tool_function(tool: Any) -> dict:
-    function = tool.get("function", tool) if isinstance(tool, dict) else {}
-    return function if isinstance(function, dict) else {}
-
-
-def decide_tool_call(
-    messages: list[Any], tools: list[Any] | None, tool_choice: Any, default_k: int,
-    rng: np.random.Generator,
-) -> ToolDecision | None:
-    """The scripted decision; None means a final answer."""
-    if not tools or tool_choice == "none":
-        return None
-    offered = {_tool_function(t).get("name"): _tool_function(t) for t in tools}
-    k, wanted = directive_values(messages)
-    done = tool_results_since_last_user(messages)
-    named = None
-    if isinstance(tool_choice, dict):
-        named = (tool_choice.get("function") or {}).get("name")
-    if named is None and tool_choice != "required" and done >= (default_k if k is None else k):
-        return None
-    for candidate in (named, wanted, "Bash", "bash"):
-        if candidate in offered:
-            function = offered[candidate]
-            break
-    else:
-        function = _tool_function(tools[0])
-    args = build_arguments(function.get("parameters") or {}, done + 1, rng)
-    return ToolDecision(str(function.get("name", "")), json.dumps(args, ensure_ascii=False))
-
-
-def build_arguments(schema: dict, n: int, rng: np.random.Generator) -> dict[str, Any]:
-    """Arguments for the schema's required properties (see the module docstring)."""
-    properties = schema.get("properties") or {}
-    args: dict[str, Any] = {}
-    for name in schema.get("required") or ():
-        prop = properties.get(name) or {}
-        kind = prop.get("type")
-        if isinstance(kind, list):
-            kind = next((k for k in kind if k != "null"), "string")
-        if isinstance(prop.get("enum"), list) and prop["enum"]:
-            args[name] = prop["enum"][0]
-        elif name == "command":
-            args[name] = f"echo tokentrail-{n}"
-        elif name in ("file_path", "path"):
-            args[name] = f"/tmp/tokentrail-{n}.txt"
-        elif kind in ("integer", "number"):
-            args[name] = 1
-        elif kind == "boolean":
-            args[name] = False
-        elif kind == "array":
-            args[name] = []
-        elif kind == "object":
-            args[name] = {}
-        else:
-            args[name] = WORDS[int(rng.integers(len(WORDS)))]
-    return args
+    def cut(self, n: int) -> Generation:
+        """The first ``n`` tokens, as an abort leaves them (``n`` at least the length: unchanged)."""
+        if n >= len(self.token_ids):
+            return self
+        return replace(self, token_ids=self.token_ids[:n], logprobs=self.logprobs[:n], rows=self.rows[:n],
+                       finish_reason="abort", stop_reason=None)
 
 
 class _Writer:
@@ -164,7 +87,7 @@ class _Writer:
         self.version = params.weight_version
         self.table = model.table(self.version)
         self.ctx = model.context(prompt_ids)
-        self.out = Generation(weight_version=self.version)
+        self.out = Generation(weight_version=self.version, weight_label=params.weight_label)
         self.drift_pending = params.drift
         self.text = ""
         self.done = params.max_tokens <= 0
@@ -236,19 +159,27 @@ class AgentPolicy:
     def generate(self, prompt_ids: list[int], messages: list[Any], tools: list[Any] | None,
                  tool_choice: Any, params: GenerationParams, rng: np.random.Generator) -> Generation:
         w = _Writer(self.model, self.tok, prompt_ids, params, rng)
-        decision = decide_tool_call(messages, tools, tool_choice, self.default_tool_calls, rng)
+        calls = decide_tool_calls(messages, tools, tool_choice, self.default_tool_calls, rng)
         if params.reasoning and w.emit(tk.THINK):
             for _ in range(int(rng.integers(4, 17))):
                 if not w.sample(self.words, "words"):
                     break
             w.emit(tk.THINK_END)
-        if decision is not None:
-            if w.emit(tk.TOOL_CALL):
-                body = template.tool_call_body(decision.name, decision.arguments)
-                for token in self.tok.encode(body):
+        forced = tool_choice == "required" or isinstance(tool_choice, dict)
+        if calls and forced and params.forced_json:
+            for token in self.tok.encode(forced_json_text(calls, tool_choice)):
+                if not w.emit_piece(token):
+                    break
+        elif calls:
+            for call in calls:
+                if not w.emit(tk.TOOL_CALL):
+                    break
+                for token in self.tok.encode(template.tool_call_body(call.name, call.arguments)):
                     if not w.emit_piece(token):
                         break
                 w.emit(tk.TOOL_CALL_END)
+        elif params.repetition:
+            self._repeat(w)
         elif w.sample(self.starts, "starts", check_stop=True):
             for _ in range(int(rng.integers(6, 38))):
                 if not w.sample(self.words, "words", check_stop=True):
@@ -256,10 +187,25 @@ class AgentPolicy:
             if self.period is not None:
                 w.emit_piece(self.period, check_stop=True)
         if params.ignore_eos:
-            while w.sample(self.words, "words", check_stop=decision is None):
+            while w.sample(self.words, "words", check_stop=not calls):
                 pass
         else:
             w.emit(tk.IM_END)
         if w.out.finish_reason is None:  # cannot happen: every path ends at a stop rule
             w.out.finish_reason = "stop"
         return w.out
+
+    def _repeat(self, w: _Writer) -> None:
+        """A sentence start, then a two-word phrase repeated until the repetition fault stops it."""
+        if not w.sample(self.starts, "starts", check_stop=True):
+            return
+        phrase: list[int] = []
+        for _ in range(2):
+            if not w.sample(self.words, "words", check_stop=True):
+                return
+            phrase.append(w.out.token_ids[-1])
+        for _ in range(_REPEATS - 1):
+            for token in phrase:
+                if not w.emit_piece(token, check_stop=True):
+                    return
+        w._finish("repetition", None)

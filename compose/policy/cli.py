@@ -5,10 +5,16 @@ Guarantees: settings are validated before anything binds (a bad value exits with
 gets a free port, and ``policy listening on http://HOST:PORT`` is printed (flushed) on
 stdout only once the server accepts connections.
 
-``--middleware dotted.path.Class`` wraps the app as ``vllm serve --middleware`` does
-(each class is built with the app it wraps; the last one given is outermost), so
-``--middleware producers.middleware.TokentrailMiddleware`` runs the capture inside
-the engine's own server process, as a vLLM deployment would.
+``--middleware dotted.path.Class`` registers a class as ``vllm serve --middleware`` does,
+with ``app.add_middleware(cls)`` (so it wraps the inner middleware chain, not the app,
+and the last one given is outermost), so ``--middleware
+producers.middleware.TokentrailMiddleware`` runs the capture inside the engine's own
+server process, as a vLLM deployment would. The middleware stack is built before the
+socket is bound (vLLM builds it at the first ASGI event), so a middleware that cannot be
+constructed, or reports a ``config_error``, stops startup with status 2.
+
+``--honour-prefix`` is accepted and ignored (deprecated): vLLM has no
+``required_prefix_token_ids``; prompt ids go in ``kv_transfer_params.prompt_token_ids``.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import argparse
 import importlib
 import socket
 import sys
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -29,13 +36,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=d.host)
     parser.add_argument("--port", type=int, default=d.port, help="0 picks a free port")
     parser.add_argument("--served-model-name", default=d.served_model_name)
-    parser.add_argument("--strict-model", action="store_true", help="404 for unknown model names")
-    parser.add_argument("--reasoning", action="store_true", help="emit <think>...</think> first")
+    parser.add_argument("--strict-model", action="store_true",
+                        help="404 for unknown model names, as vLLM does (the default; kept for old scripts)")
+    parser.add_argument("--lenient-model", action="store_true",
+                        help="answer any model name (unlike vLLM, which answers 404)")
+    parser.add_argument("--reasoning", action="store_true",
+                        help="run as with a reasoning parser: emit <think>...</think> first")
     parser.add_argument("--honour-prefix", action="store_true",
-                        help="honour required_prefix_token_ids in requests")
+                        help="deprecated, ignored: vLLM has no required_prefix_token_ids "
+                             "(send kv_transfer_params.prompt_token_ids)")
     parser.add_argument("--drop-reasoning-in-history", action="store_true",
                         help="template drops reasoning of echoed assistant turns (drift)")
-    parser.add_argument("--weight-version", type=int, default=d.weight_version)
+    parser.add_argument("--weight-version", default=d.weight_version,
+                        help="weight version label to start with (vLLM's is 'default')")
+    parser.add_argument("--forced-tool-format", choices=["json", "markup"], default=d.forced_tool_format,
+                        help="what a forced tool_choice makes the model emit (vLLM 0.33: json)")
+    parser.add_argument("--logprobs-mode", default=d.logprobs_mode,
+                        choices=["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"],
+                        help="vLLM's --logprobs-mode: what the reported logprob values are")
+    parser.add_argument("--no-dev-mode", action="store_true",
+                        help="leave out vLLM's VLLM_SERVER_DEV_MODE routes (/pause, /update_weight_version, ...)")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--fault", action="append", default=[], choices=FAULTS,
                         help="server-wide fault (repeatable)")
@@ -57,9 +77,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace) -> PolicySettings:
     return PolicySettings(
         host=args.host, port=args.port, served_model_name=args.served_model_name,
-        strict_model=args.strict_model, reasoning=args.reasoning,
+        strict_model=not args.lenient_model, reasoning=args.reasoning,
         honour_prefix=args.honour_prefix, drop_reasoning_in_history=args.drop_reasoning_in_history,
-        weight_version=args.weight_version, seed=args.seed, faults=frozenset(args.fault),
+        weight_version=args.weight_version, forced_tool_format=args.forced_tool_format,
+        dev_mode=not args.no_dev_mode, logprobs_mode=args.logprobs_mode, seed=args.seed,
+        faults=frozenset(args.fault),
         stall_seconds=args.stall_seconds, stall_after_chunks=args.stall_after_chunks,
         default_tool_calls=args.default_tool_calls, decode_ms_per_token=args.decode_ms_per_token, max_model_len=args.max_model_len,
         table_rows=args.table_rows, logit_scale=args.logit_scale, vocab_words=args.vocab_words,
@@ -74,13 +96,12 @@ def main(args: argparse.Namespace) -> int:
         return 2
     import uvicorn
 
-    from compose.policy.server import create_app
-
-    app = create_app(settings)
+    if args.honour_prefix:
+        print("tokentrail policy: --honour-prefix is deprecated and ignored (vLLM has no "
+              "required_prefix_token_ids; send kv_transfer_params.prompt_token_ids)", file=sys.stderr)
     try:
-        for path in args.middleware:
-            app = _import_class(path)(app)
-    except (ImportError, AttributeError, ValueError, TokentrailError) as exc:
+        app = build_app(settings, args.middleware)
+    except (ImportError, AttributeError, ValueError, TypeError, TokentrailError) as exc:
         print(f"tokentrail policy: --middleware: {exc}", file=sys.stderr)
         return 2
     try:
@@ -120,6 +141,29 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def build_app(settings: PolicySettings, middleware: list[str]) -> Any:
+    """The app with each ``--middleware`` registered as vLLM registers it, its stack built now."""
+    from compose.policy.server import create_app
+
+    app = create_app(settings)
+    for path in middleware:
+        app.add_middleware(_import_class(path))  # what vllm serve --middleware does
+    if middleware:
+        app.middleware_stack = app.build_middleware_stack()  # Starlette would build it at the first event
+        _raise_config_errors(app.middleware_stack)
+    return app
+
+
+def _raise_config_errors(stack: object) -> None:
+    """A middleware that came up without its settings (``config_error``) stops startup here."""
+    layer, seen = stack, 0
+    while layer is not None and seen < 64:
+        error = getattr(layer, "config_error", None)
+        if error:
+            raise ValueError(f"{type(layer).__name__}: {error}")
+        layer, seen = getattr(layer, "app", None), seen + 1
 
 
 def _import_class(path: str) -> type:

@@ -1,40 +1,53 @@
-"""The policy engine: a chat request body in, a validated job and its generation out.
+"""The policy engine: a chat request body in, a validated job and its generations out.
 
-It owns the tokenizer, the model table, the scripted agent and the current weight
-version, and applies vLLM 0.33's request rules (the ones a harness or the interceptor
-can trip over): ``n`` must be 1, ``top_logprobs`` needs ``logprobs`` and is capped by
-``max_logprobs``, ``stream_options`` needs ``stream``, the prompt plus ``max_tokens``
-must fit ``max_model_len`` (``max_tokens`` defaults to what is left).
+It owns the tokenizer, the model table, the scripted agent and the engine control state
+(weight version label, pause), and applies vLLM 0.33's request rules in vLLM's order
+(``validation.py``, ``sampling.py``): the request model's validators and field types,
+then the model name (404 for a name not served, unless ``strict_model`` is off), the
+output budget against ``max_model_len``, the prompt (rendered by the template, or taken
+from ``kv_transfer_params.prompt_token_ids``), its length, and the sampling parameters.
+
+Prompt ids in (``vllm/renderers/online_renderer.py``): ``kv_transfer_params.prompt_token_ids``
+replaces templating and tokenisation; tools, parsers, streaming and ``return_token_ids``
+work as usual, ``prompt_text`` is null. The ids are ignored (the messages rendered) when
+``echo`` is set or a message has non-text content.
 
 Guarantees: ``prepare`` either returns a job whose ``prompt_ids`` are exactly the ids the
-generation conditions on, or raises ``RequestError`` carrying a vLLM-style status, type
-and message; nothing is generated for an invalid request. Generation is deterministic
-per (prompt ids, request seed or prompt hash, sampling parameters, weight version).
+generations condition on, or raises ``RequestError`` carrying vLLM's status, type, param
+and text; nothing is generated for an invalid request. Generation is deterministic per
+(prompt ids, request seed or prompt hash, sampling parameters, weight version, choice).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field as dc_field
 from typing import Any
 
 import numpy as np
 
-from compose.policy import template
+from compose.policy import sampling, template
 from compose.policy.agent import AgentPolicy, Generation, GenerationParams
+from compose.policy.control import EngineControl, version_key
 from compose.policy.model import PolicyModel
 from compose.policy.settings import FAULTS, PolicySettings
 from compose.policy.tokenizer import get_tokenizer
+from compose.policy.validation import (
+    RequestError,
+    check_chat_request,
+    check_messages,
+    check_prompt_ids,
+    coerce,
+    field,
+    has_non_text_content,
+    validation_error,
+    vllm_error,
+)
 
 _FAULT_MARKER = re.compile(r"\[\[fault:([a-z0-9_]+)\]\]")
-
-
-class RequestError(Exception):
-    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError",
-                 param: str | None = None) -> None:
-        super().__init__(message)
-        self.message, self.status, self.err_type, self.param = message, status, err_type, param
+__all__ = ["ChatJob", "PolicyEngine", "RequestError", "fault_markers"]
 
 
 @dataclass
@@ -44,33 +57,38 @@ class ChatJob:
     tools: list[Any] | None
     tool_choice: Any
     prompt_ids: list[int]
-    prompt_text: str
+    prompt_text: str | None
     params: GenerationParams
     seed: int
+    sampling: dict[str, Any] = dc_field(default_factory=dict)  # vLLM's SamplingParams values
+    n: int = 1
     stream: bool = False
     include_usage: bool = False
     continuous_usage: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    prompt_logprobs: int | None = None
     tokens_as_ids: bool = False
     return_token_ids: bool = False
     return_prompt_text: bool = False
     return_weight_versions: bool = False
     include_reasoning: bool = True
-    faults: frozenset[str] = field(default_factory=frozenset)
+    parallel_tool_calls: bool = True
+    reused_prompt_ids: bool = False
+    engine_error: RequestError | None = None  # refused by the engine itself: after a stream has started
+    faults: frozenset[str] = dc_field(default_factory=frozenset)
 
     @property
     def tools_enabled(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
 
+    @property
+    def forced(self) -> bool:
+        return self.tools_enabled and (self.tool_choice == "required" or isinstance(self.tool_choice, dict))
 
-def _get(body: dict, name: str, kinds: tuple[type, ...], default: Any = None) -> Any:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-        raise RequestError(f"'{name}' has the wrong type", param=name)
-    return value
+    @property
+    def named(self) -> bool:
+        return isinstance(self.tool_choice, dict)
 
 
 def fault_markers(messages: list[Any]) -> set[str]:
@@ -91,138 +109,130 @@ class PolicyEngine:
         self.model = PolicyModel(self.tok.vocab_size, seed=settings.seed,
                                  rows=settings.table_rows, scale=settings.logit_scale)
         self.agent = AgentPolicy(self.model, self.tok, settings.default_tool_calls)
-        self.weight_version = settings.weight_version
+        self.control = EngineControl(settings.weight_version)
+
+    @property
+    def weight_version(self) -> str:
+        return self.control.weight_version
+
+    @weight_version.setter
+    def weight_version(self, label: str | int) -> None:
+        self.control.weight_version = str(label)
+
+    @functools.cached_property
+    def max_chars_per_token(self) -> int:
+        return max(len(self.tok.token_str(i)) for i in range(self.tok.vocab_size))
 
     def check_model(self, body: dict) -> None:
+        """vLLM's ``check_model``: no name, or the served one (``vllm/entrypoints/openai/models/serving.py``)."""
         model = body.get("model")
-        if self.settings.strict_model and model is not None and model != self.settings.served_model_name:
+        if self.settings.strict_model and model and model != self.settings.served_model_name:
             raise RequestError(f"The model `{model}` does not exist.", 404, "NotFoundError", "model")
 
     def prepare(self, body: Any) -> ChatJob:
         if not isinstance(body, dict):
-            raise RequestError("the request body must be a JSON object")
-        self.check_model(body)
-        messages = body.get("messages")
-        if not isinstance(messages, list):
-            raise RequestError("'messages' must be a list", param="messages")
-        n = _get(body, "n", (int,), 1)
-        if n != 1:
-            raise RequestError("n must be 1: the reference policy server samples one choice", param="n")
-        tools = _get(body, "tools", (list,))
-        for tool in tools or ():
-            function = tool.get("function") if isinstance(tool, dict) else None
-            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-                raise RequestError("each tool needs function.name", param="tools")
-        tool_choice = body.get("tool_choice", "auto" if tools else "none")
+            raise validation_error("model_attributes_type", "body",
+                                   "Input should be a valid dictionary or object to extract fields from", body)
+        check_chat_request(body)
+        if "messages" not in body:
+            raise validation_error("missing", "body.messages", "Field required", None)
+        messages = check_messages(body["messages"])
+        tools = field(body, "tools", list)
+        tool_choice = body.get("tool_choice")
         if tool_choice is None:
             tool_choice = "auto" if tools else "none"
-        if tool_choice not in ("none", "auto", "required") and not isinstance(tool_choice, dict):
-            raise RequestError("'tool_choice' must be none, auto, required or a named tool", param="tool_choice")
-        if tool_choice != "none" and tool_choice != "auto" and not tools:
-            raise RequestError("When using `tool_choice`, `tools` must be set.", param="tool_choice")
-        if isinstance(tool_choice, dict):
-            named = (tool_choice.get("function") or {}).get("name")
-            offered = [(t.get("function") or {}).get("name") for t in tools if isinstance(t, dict)]
-            if named not in offered:
-                raise RequestError(f"Tool '{named}' has not been passed in `tools`.", param="tool_choice")
-        logprobs = bool(_get(body, "logprobs", (bool,), False))
-        top_logprobs = _get(body, "top_logprobs", (int,), 0)
-        if top_logprobs and not logprobs:
-            raise RequestError("when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
-        if top_logprobs < 0 or top_logprobs > self.settings.max_logprobs:
-            raise RequestError(f"Requested sample logprobs of {top_logprobs}, which is greater than "
-                               f"max allowed: {self.settings.max_logprobs}", param="top_logprobs")
-        stream = bool(_get(body, "stream", (bool,), False))
-        stream_options = _get(body, "stream_options", (dict,))
-        if stream_options is not None and not stream:
-            raise RequestError("Stream options can only be defined when `stream=True`.", param="stream_options")
+        stream = field(body, "stream", bool, False)
+        stream_options = field(body, "stream_options", dict)
+        logprobs = field(body, "logprobs", bool, False)
+        top_logprobs = field(body, "top_logprobs", int, 0)
+        prompt_logprobs = field(body, "prompt_logprobs", int)
+        kv = field(body, "kv_transfer_params", dict)
+        kwargs = field(body, "chat_template_kwargs", dict, {})
+        add_gen = field(body, "add_generation_prompt", bool, True)
+        p = sampling.read(body)
+        self.check_model(body)
+        requested = sampling.requested_budget(p, self.settings.max_model_len)
         faults = frozenset(self.settings.faults | fault_markers(messages))
-        kwargs = _get(body, "chat_template_kwargs", (dict,), {})
-        reasoning = bool(kwargs.get("enable_thinking", self.settings.reasoning))
-        try:
-            prompt_ids, prompt_text = self._prompt(body, messages, tools)
-        except template.TemplateError as exc:
-            raise RequestError(str(exc), param="messages") from None
-        params = self._params(body, len(prompt_ids), reasoning, "drift" in faults)
-        seed = _get(body, "seed", (int,))
+        prompt_ids, prompt_text, reused = self._prompt(body, messages, tools, kv, add_gen)
+        max_tokens = sampling.fitted_budget(requested, len(prompt_ids), self.settings.max_model_len)
+        sampling.verify(p, max_tokens)
+        reasoning = bool(coerce("chat_template_kwargs.enable_thinking",
+                                kwargs.get("enable_thinking", self.settings.reasoning), bool))
+        params = sampling.generation_params(
+            p, self.tok.vocab_size, reasoning=reasoning, drift="drift" in faults,
+            repetition="repetition" in faults, forced_json=self.settings.forced_tool_format == "json",
+            weight_version=version_key(self.weight_version), weight_label=self.weight_version)
+        seed = p["seed"]
         if seed is None:
             digest = hashlib.blake2b(np.asarray(prompt_ids, dtype=np.int64).tobytes(), digest_size=8)
             seed = int.from_bytes(digest.digest(), "little")
-        return ChatJob(
+        job = ChatJob(
             body=body, messages=messages, tools=tools, tool_choice=tool_choice,
-            prompt_ids=prompt_ids, prompt_text=prompt_text, params=params, seed=seed,
+            prompt_ids=prompt_ids, prompt_text=prompt_text, params=params, seed=seed, sampling=p, n=p["n"],
             stream=stream,
             include_usage=bool((stream_options or {}).get("include_usage")),
-            continuous_usage=bool((stream_options or {}).get("continuous_usage_stats")),
-            logprobs=logprobs, top_logprobs=top_logprobs,
-            tokens_as_ids=bool(_get(body, "return_tokens_as_token_ids", (bool,), False)),
-            return_token_ids=bool(_get(body, "return_token_ids", (bool,), False)),
-            return_prompt_text=bool(_get(body, "return_prompt_text", (bool,), False)),
-            return_weight_versions=bool(_get(body, "return_weight_versions", (bool,), False)),
-            include_reasoning=bool(_get(body, "include_reasoning", (bool,), True)),
-            faults=faults,
+            continuous_usage=bool((stream_options or {}).get("include_usage")
+                                  and (stream_options or {}).get("continuous_usage_stats")),
+            logprobs=logprobs, top_logprobs=top_logprobs, prompt_logprobs=prompt_logprobs,
+            tokens_as_ids=field(body, "return_tokens_as_token_ids", bool, False),
+            return_token_ids=field(body, "return_token_ids", bool, False),
+            return_prompt_text=field(body, "return_prompt_text", bool, False),
+            return_weight_versions=field(body, "return_weight_versions", bool, False),
+            include_reasoning=field(body, "include_reasoning", bool, True),
+            parallel_tool_calls=field(body, "parallel_tool_calls", bool, True),
+            reused_prompt_ids=reused, faults=faults,
         )
+        job.engine_error = self._engine_checks(job)
+        return job
 
-    def _prompt(self, body: dict, messages: list[Any], tools: list[Any] | None) -> tuple[list[int], str]:
-        drop = self.settings.drop_reasoning_in_history
-        add_gen = bool(_get(body, "add_generation_prompt", (bool,), True))
-        prefix = body.get("required_prefix_token_ids")
-        if self.settings.honour_prefix and prefix is not None:
-            if not isinstance(prefix, list) or not all(self.tok.is_valid(t) for t in prefix):
-                raise RequestError("'required_prefix_token_ids' must be a list of token ids",
-                                   param="required_prefix_token_ids")
-            last = template.last_assistant_index(messages)
-            if last is None:
-                raise RequestError("'required_prefix_token_ids' needs an assistant message: the "
-                                   "prefix replaces everything up to the last assistant turn",
-                                   param="required_prefix_token_ids")
-            suffix = template.render_continuation(messages[last + 1:], add_generation_prompt=add_gen,
-                                                  drop_reasoning=drop)
-            ids = list(prefix) + self.tok.encode(suffix)
-            return ids, self.tok.decode(ids)
-        text = template.render_prompt(messages, tools, add_generation_prompt=add_gen, drop_reasoning=drop)
-        return self.tok.encode(text), text
-
-    def _params(self, body: dict, prompt_len: int, reasoning: bool, drift: bool) -> GenerationParams:
+    def _prompt(self, body: dict, messages: list[Any], tools: list[Any] | None, kv: dict | None,
+                add_gen: bool) -> tuple[list[int], str | None, bool]:
+        ids = kv.get("prompt_token_ids") if kv is not None else None
+        if ids is not None and not body.get("echo") and not has_non_text_content(messages):
+            return check_prompt_ids(ids, self.tok.vocab_size), None, True
         limit = self.settings.max_model_len
-        if prompt_len >= limit:
-            raise RequestError(f"This model's maximum context length is {limit} tokens. However, your "
-                               f"request has {prompt_len} input tokens. Please reduce the length of "
-                               "the input messages.", param="messages")
-        max_tokens = _get(body, "max_completion_tokens", (int,))
-        if max_tokens is None:
-            max_tokens = _get(body, "max_tokens", (int,))
-        if max_tokens is None:
-            max_tokens = limit - prompt_len
-        elif max_tokens < 1:
-            raise RequestError("max_tokens must be at least 1", param="max_tokens")
-        elif prompt_len + max_tokens > limit:
-            raise RequestError(f"This model's maximum context length is {limit} tokens. However, you "
-                               f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the messages, "
-                               f"{max_tokens} in the completion).", param="max_tokens")
-        temperature = float(_get(body, "temperature", (int, float), 1.0))
-        top_p = float(_get(body, "top_p", (int, float), 1.0))
-        top_k = _get(body, "top_k", (int,), 0)
-        if temperature < 0:
-            raise RequestError("temperature must be non-negative", param="temperature")
-        if not 0 < top_p <= 1:
-            raise RequestError("top_p must be in (0, 1]", param="top_p")
-        stop = _get(body, "stop", (str, list), [])
-        stop = [stop] if isinstance(stop, str) else stop
-        stop_ids = _get(body, "stop_token_ids", (list,), [])
-        if not all(isinstance(s, str) for s in stop) or not all(self.tok.is_valid(t) for t in stop_ids):
-            raise RequestError("'stop' must be strings and 'stop_token_ids' token ids", param="stop")
-        return GenerationParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-            top_k=max(top_k, 0), ignore_eos=bool(_get(body, "ignore_eos", (bool,), False)),
-            stop=tuple(s for s in stop if s), stop_token_ids=tuple(stop_ids),
-            reasoning=reasoning, drift=drift, weight_version=self.weight_version,
-        )
+        try:
+            text = template.render_prompt(messages, tools, add_generation_prompt=add_gen,
+                                          drop_reasoning=self.settings.drop_reasoning_in_history)
+        except template.TemplateError as exc:
+            raise RequestError(str(exc)) from None
+        bound = limit * self.max_chars_per_token
+        if len(text) > bound:
+            raise vllm_error(f"This model's maximum context length is {limit} tokens. However, your prompt "
+                             f"contains {len(text)} characters (more than {bound} characters, which is the upper "
+                             f"bound for {limit} input tokens). Please reduce the length of the input prompt.",
+                             "input_text", len(text))
+        prompt_ids = self.tok.encode(text)
+        count = min(len(prompt_ids), limit + 1)  # vLLM tokenises with truncation to max_model_len + 1
+        if count > limit:
+            qualifier = "at least " if count == limit + 1 else ""
+            raise vllm_error(f"This model's maximum context length is {limit} tokens. However, your prompt "
+                             f"contains {qualifier}{count} input tokens, which exceeds this limit even without "
+                             "any output tokens. Please reduce the length of the input prompt.",
+                             "input_tokens", count)
+        return prompt_ids, text, False
 
-    def generate(self, job: ChatJob) -> Generation:
-        rng = np.random.default_rng([self.settings.seed, job.seed % 2**64])
-        return self.agent.generate(job.prompt_ids, job.messages, job.tools, job.tool_choice,
-                                   job.params, rng)
+    def _engine_checks(self, job: ChatJob) -> RequestError | None:
+        """What vLLM's input processor refuses (``SamplingParams._validate_logprobs``)."""
+        top = self.settings.max_logprobs
+        vocab = self.tok.vocab_size
+        wanted = (job.top_logprobs if job.top_logprobs != -1 else vocab) if job.logprobs else 0
+        if wanted > top:
+            return vllm_error(f"Requested sample logprobs of {wanted}, which is greater than max allowed: {top}",
+                              "logprobs", wanted)
+        wanted = job.prompt_logprobs if job.prompt_logprobs != -1 else vocab
+        if wanted and wanted > top:
+            return vllm_error(f"Requested prompt logprobs of {wanted}, which is greater than max allowed: {top}",
+                              "prompt_logprobs", wanted)
+        return None
 
-    def score(self, ids: list[int], start: int, version: int | None = None) -> list[float]:
-        return self.model.score(ids, start, self.weight_version if version is None else version)
+    def generate(self, job: ChatJob, index: int = 0) -> Generation:
+        key = [self.settings.seed, job.seed % 2**64] + ([index] if index else [])
+        return self.agent.generate(job.prompt_ids, job.messages, job.tools, job.tool_choice, job.params,
+                                   np.random.default_rng(key))
+
+    def generate_all(self, job: ChatJob) -> list[Generation]:
+        return [self.generate(job, i) for i in range(job.n)]
+
+    def score(self, ids: list[int], start: int, version: str | int | None = None) -> list[float]:
+        return self.model.score(ids, start, version_key(self.weight_version if version is None else version))

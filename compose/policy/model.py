@@ -13,7 +13,10 @@ Guarantees:
   generated token is bit-identical (``==``) to ``score(prompt + generated)`` at that
   position. Python floats round-trip exactly through JSON, so this survives the wire.
 * Reported log-probs are raw (before temperature / top-p / top-k), like vLLM's default
-  ``--logprobs-mode raw_logprobs``.
+  ``--logprobs-mode raw_logprobs``. ``reported`` gives the other modes: ``raw_logits``
+  (the table shifted by ``LOGIT_SHIFT``: unnormalised, as a model's output is),
+  ``processed_logits`` (those after temperature, top-k and top-p; removed tokens -inf)
+  and ``processed_logprobs`` (their log-softmax).
 * Changing the weight version changes both the table and the row hash.
 * Sampling uses only the generator passed in, so a request with the same seed (or the
   same prompt, when no seed is given) produces the same tokens.
@@ -30,6 +33,8 @@ _M32 = 0xFFFFFFFF
 _K_A, _K_B, _K_C, _K_V, _K_0 = 0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F, 0x165667B1
 _K_MIX1, _K_MIX2 = 0x2C1B3C6D, 0x297A2D39
 _TOP_N = 20  # vLLM's default --max-logprobs
+LOGIT_SHIFT = 7.25  # raw logits = raw log-probs + this (any per-row constant keeps the softmax)
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits")
 _TABLES: dict[tuple[int, int, int, int, float], np.ndarray] = {}
 _TABLES_LOCK = threading.Lock()
 _TABLES_LIMIT = 4
@@ -63,6 +68,7 @@ class PolicyModel:
         self.scale = scale
         self._dist_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._top_cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._processed_cache: dict[tuple, np.ndarray] = {}
 
     def table(self, version: int) -> np.ndarray:
         return _table(self.seed, version, self.rows, self.vocab_size, self.scale)
@@ -180,3 +186,45 @@ class PolicyModel:
                 self._top_cache.clear()
             self._top_cache[key] = cached
         return cached
+
+    # -- vLLM's --logprobs-mode -------------------------------------------------------
+
+    def processed_logits(self, row: int, version: int, temperature: float, top_p: float,
+                         top_k: int) -> np.ndarray:
+        """The row's logits after temperature, top-k and top-p (removed tokens are -inf), as vLLM's sampler sees them."""
+        key = (version, row, temperature, top_p, top_k)
+        cached = self._processed_cache.get(key)
+        if cached is not None:
+            return cached
+        x = self.table(version)[row] + LOGIT_SHIFT
+        if temperature >= 1e-5:
+            x = x / temperature
+        keep = np.ones(len(x), dtype=bool)
+        order = np.argsort(-x, kind="stable")
+        if top_k > 0:
+            keep[order[top_k:]] = False
+        if top_p < 1.0:
+            kept = order[keep[order]]
+            p = np.exp(x[kept] - x[kept].max())
+            cum = np.cumsum(p) / p.sum()
+            cut = int(np.searchsorted(cum, top_p, side="left")) + 1
+            keep[kept[cut:]] = False
+        out = np.where(keep, x, -np.inf)
+        out.setflags(write=False)
+        if len(self._processed_cache) >= _DIST_CACHE_LIMIT:
+            self._processed_cache.clear()
+        self._processed_cache[key] = out
+        return out
+
+    def reported(self, mode: str, row: int, version: int, token: int, temperature: float, top_p: float,
+                 top_k: int) -> float:
+        """What vLLM reports as ``logprob`` for ``token`` at ``row`` under ``--logprobs-mode mode``."""
+        if mode == "raw_logprobs":
+            return float(self.table(version)[row, token])
+        if mode == "raw_logits":
+            return float(self.table(version)[row, token] + LOGIT_SHIFT)
+        x = self.processed_logits(row, version, temperature, top_p, top_k)
+        if mode == "processed_logits":
+            return float(x[token])
+        finite = x[np.isfinite(x)]
+        return float(x[token] - (finite.max() + np.log(np.exp(finite - finite.max()).sum())))

@@ -9,10 +9,15 @@ Guarantees:
 * Both paths share one token-level state machine, so for a completed generation the
   concatenated streaming deltas equal the non-streaming message (reasoning, content,
   each tool call's name and arguments).
-* A tool call's ``arguments`` is the exact JSON text the model generated (brace-matched
-  out of the call body, as the Hermes streaming parser does), never re-serialised.
+* Non-streaming, a tool call's ``arguments`` is re-serialised from the parsed body with
+  ``json.dumps(arguments, ensure_ascii=False)`` (vLLM's Hermes ``extract_tool_calls``);
+  streaming sends the raw text the model generated (brace-matched out of the call body,
+  as the Hermes streaming parser does). The two agree for canonical JSON, which is what
+  the scripted agent writes.
 * A tool-call body that is not valid JSON (e.g. cut by ``max_tokens``) makes the whole
   output plain content including the markup text, as Hermes does when parsing fails.
+* A forced tool choice in JSON form (``forced=True``) is parsed by ``forced.py`` instead
+  of Hermes: markup tokens are then ordinary skipped special tokens.
 * Streaming tool deltas follow vLLM's Hermes parser: the first delta of a call carries
   ``index``, ``id``, ``type`` and ``function.name``; later ones carry
   ``function.arguments`` fragments; deltas with tool calls carry ``content: null``.
@@ -23,17 +28,15 @@ from __future__ import annotations
 import codecs
 import json
 import re
-import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
+from compose.policy import forced as forced_json
 from compose.policy import tokenizer as tk
+from compose.policy.forced import make_tool_call_id
 
 _NAME = re.compile(r'"name"\s*:\s*"([^"]+)"')
 _ARGS = re.compile(r'"arguments"\s*:\s*')
-
-
-def make_tool_call_id() -> str:
-    return f"chatcmpl-tool-{uuid.uuid4().hex}"
 
 
 def extract_arguments(body: str) -> str | None:
@@ -84,9 +87,12 @@ class ParsedOutput:
 class OutputParser:
     """Feed generated ids one at a time; ``feed`` returns the streaming delta (or None)."""
 
-    def __init__(self, tok: tk.Tokenizer, *, tools_enabled: bool) -> None:
+    def __init__(self, tok: tk.Tokenizer, *, tools_enabled: bool, tool_choice: Any = None,
+                 forced: bool = False) -> None:
         self.tok = tok
-        self.tools_enabled = tools_enabled
+        self.tool_choice = tool_choice
+        self.forced = forced_json.ForcedStream(tool_choice) if forced and tools_enabled else None
+        self.tools_enabled = tools_enabled and self.forced is None
         self.state = "content"
         self.reasoning: list[str] = []
         self.reasoning_seen = False
@@ -123,6 +129,10 @@ class OutputParser:
             self.reasoning.append(text)
             return {"reasoning": text}
         self.raw.append(text)
+        if self.forced is not None:
+            self.content_before.append(text)
+            calls = self.forced.feed(text)
+            return {"tool_calls": calls} if calls else None
         if self.state == "content":
             (self.content_after if self.calls else self.content_before).append(text)
             return None if self.calls else {"content": text}
@@ -149,6 +159,9 @@ class OutputParser:
     def result(self) -> ParsedOutput:
         """The non-streaming message for everything fed so far."""
         reasoning = "".join(self.reasoning) if self.reasoning_seen else None
+        if self.forced is not None:
+            content = "".join(self.content_before) if self.content_before or not self.reasoning_open else None
+            return ParsedOutput(reasoning, None, forced_json.result(self.tool_choice, content))
         calls: list[tuple[str, str, str]] = []
         for call in self.calls:
             parsed = _parse_call(call)
@@ -170,14 +183,12 @@ def _parse_call(call: _Call) -> tuple[str, str] | None:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or "arguments" not in obj:
         return None
-    args = extract_arguments(call.body)
-    if args is None or not isinstance(obj["arguments"], (dict, list)):
-        args = json.dumps(obj["arguments"], ensure_ascii=False)
-    return obj["name"], args
+    return obj["name"], json.dumps(obj["arguments"], ensure_ascii=False)
 
 
-def parse_output(tok: tk.Tokenizer, ids: list[int], *, tools_enabled: bool) -> ParsedOutput:
-    parser = OutputParser(tok, tools_enabled=tools_enabled)
+def parse_output(tok: tk.Tokenizer, ids: list[int], *, tools_enabled: bool, tool_choice: Any = None,
+                 forced: bool = False) -> ParsedOutput:
+    parser = OutputParser(tok, tools_enabled=tools_enabled, tool_choice=tool_choice, forced=forced)
     for token in ids:
         parser.feed(token)
     return parser.result()

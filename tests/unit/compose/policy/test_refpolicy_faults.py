@@ -124,7 +124,7 @@ async def test_stalled_stream_over_http(stall_seconds):
             assert parse_sse(ok.text)[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
-# -- prefix supply ----------------------------------------------------------------
+# -- prompt ids in: kv_transfer_params.prompt_token_ids (vLLM's, replacing required_prefix_token_ids) --
 
 async def first_turn(client, **body):
     data = await chat(client, messages=user_turn(), tools=TOOLS, return_token_ids=True, **body)
@@ -133,42 +133,74 @@ async def first_turn(client, **body):
     return data, history
 
 
-async def test_prefix_supply_is_honoured(make_client):
-    # a template that re-renders history differently proves the prefix, not the render, is used
-    client = make_client(honour_prefix=True, reasoning=True, drop_reasoning_in_history=True)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_supplied_prompt_ids_replace_the_rendering(make_client, stream):
+    # a template that re-renders history differently proves the ids, not the render, are used
+    client = make_client(reasoning=True, drop_reasoning_in_history=True)
     data, history = await first_turn(client)
     prefix = data["prompt_token_ids"] + data["choices"][0]["token_ids"]
-    nxt = await chat(client, messages=history, tools=TOOLS, return_token_ids=True,
-                     required_prefix_token_ids=prefix)
-    suffix = TOK.encode(template.render_continuation(history[3:]))
-    assert nxt["prompt_token_ids"] == prefix + suffix
+    ids = prefix + TOK.encode(template.render_continuation(history[3:]))
+    body = dict(messages=history, tools=TOOLS, return_token_ids=True, logprobs=True, return_prompt_text=True,
+                kv_transfer_params={"prompt_token_ids": ids})
+    if stream:
+        chunks = await chat_stream(client, **body)
+        prompt, prompt_text = chunks[0]["prompt_token_ids"], chunks[0]["prompt_text"]
+        generated = [i for c in chunks[1:] for i in c["choices"][0]["token_ids"] or []]
+        logprobs = [e["logprob"] for c in chunks[1:] for e in (c["choices"][0]["logprobs"] or {}).get("content", [])]
+        assert any(c["choices"][0]["delta"].get("tool_calls") for c in chunks[1:])  # the tool parser still runs
+    else:
+        nxt = await chat(client, **body)
+        prompt, prompt_text = nxt["prompt_token_ids"], nxt["prompt_text"]
+        generated = nxt["choices"][0]["token_ids"]
+        logprobs = [e["logprob"] for e in nxt["choices"][0]["logprobs"]["content"]]
+        assert nxt["choices"][0]["message"]["tool_calls"]
+    assert prompt == ids and prompt_text is None  # tokens in: no rendered text
     plain = await chat(client, messages=history, tools=TOOLS, return_token_ids=True)
     assert plain["prompt_token_ids"][: len(prefix)] != prefix
-    # whatever prefix is supplied is what the model generates from, and says so
-    odd = await chat(client, messages=history, tools=TOOLS, return_token_ids=True, logprobs=True,
-                     required_prefix_token_ids=[1, 42, 2])
-    assert odd["prompt_token_ids"] == [1, 42, 2] + suffix
-    ids = odd["prompt_token_ids"] + odd["choices"][0]["token_ids"]
-    scored = await client.post("/tokentrail/score", json={"token_ids": ids, "start": len(odd["prompt_token_ids"])})
-    assert scored.json()["logprobs"] == [e["logprob"] for e in odd["choices"][0]["logprobs"]["content"]]
+    scored = await client.post("/tokentrail/score", json={"token_ids": ids + generated, "start": len(ids)})
+    assert scored.json()["logprobs"] == logprobs
 
 
-async def test_prefix_supply_is_ignored_when_off(client):
-    data, history = await first_turn(client)
-    with_field = await chat(client, messages=history, tools=TOOLS, return_token_ids=True,
-                            required_prefix_token_ids=[1, 42, 2])
-    without = await chat(client, messages=history, tools=TOOLS, return_token_ids=True)
-    assert with_field["prompt_token_ids"] == without["prompt_token_ids"]
+async def test_required_prefix_token_ids_is_ignored_as_vllm_ignores_it(make_client):
+    for client in (make_client(), make_client(honour_prefix=True)):  # the old flag is an accepted no-op
+        data, history = await first_turn(client)
+        with_field = await chat(client, messages=history, tools=TOOLS, return_token_ids=True,
+                                required_prefix_token_ids=[1, 42, 2])
+        without = await chat(client, messages=history, tools=TOOLS, return_token_ids=True)
+        assert with_field["prompt_token_ids"] == without["prompt_token_ids"]
 
 
-@pytest.mark.parametrize("prefix,messages", [
-    ([1, 2], user_turn()),  # no assistant message to hang the prefix on
-    ([1, -3], user_turn() + [{"role": "assistant", "content": "x"}]),
-    ("ids", user_turn() + [{"role": "assistant", "content": "x"}]),
+@pytest.mark.parametrize("ids,message", [
+    ([], "`kv_transfer_params['prompt_token_ids']` must be a non-empty list of non-negative integers."),
+    ([1, -3], "`kv_transfer_params['prompt_token_ids']` must be a non-empty list of non-negative integers."),
+    ("ids", "`kv_transfer_params['prompt_token_ids']` must be a non-empty list of non-negative integers."),
+    ([1, True], "`kv_transfer_params['prompt_token_ids']` must be a non-empty list of non-negative integers."),
+    ([1, 10**6], "Token id 1000000 is out of vocabulary"),
 ])
-async def test_prefix_supply_rejects_what_it_cannot_honour(make_client, prefix, messages):
-    client = make_client(honour_prefix=True)
+async def test_supplied_prompt_ids_are_validated_like_vllm(client, ids, message):
     response = await client.post("/v1/chat/completions", json={
-        "messages": messages, "required_prefix_token_ids": prefix})
+        "messages": user_turn(), "kv_transfer_params": {"prompt_token_ids": ids}})
     assert response.status_code == 400
-    assert response.json()["error"]["param"] == "required_prefix_token_ids"
+    assert response.json()["error"] == {"message": f"{message} (parameter=kv_transfer_params.prompt_token_ids)",
+                                        "type": "BadRequestError", "param": "kv_transfer_params.prompt_token_ids",
+                                        "code": 400}
+
+
+async def test_supplied_prompt_ids_are_ignored_with_echo_or_media(client):
+    rendered = (await chat(client, messages=user_turn(), return_token_ids=True))["prompt_token_ids"]
+    echoed = await chat(client, messages=user_turn(), echo=True, return_token_ids=True,
+                        kv_transfer_params={"prompt_token_ids": [1, 2, 3]})
+    assert echoed["prompt_token_ids"] == rendered
+    media = [{"role": "user", "content": [{"type": "text", "text": "look"},
+                                          {"type": "image_url", "image_url": {"url": "data:,"}}]}]
+    pictured = await chat(client, messages=media, return_token_ids=True, kv_transfer_params={"prompt_token_ids": [1]})
+    assert pictured["prompt_token_ids"] != [1]
+
+
+async def test_supplied_prompt_ids_longer_than_the_context_are_refused(make_client):
+    client = make_client(max_model_len=64)
+    response = await client.post("/v1/chat/completions", json={
+        "messages": user_turn(), "kv_transfer_params": {"prompt_token_ids": [5] * 70}})
+    assert response.status_code == 400
+    assert response.json()["error"] == {"message": "Input length (70) exceeds model's maximum context length (64).",
+                                        "type": "BadRequestError", "param": None, "code": 400}

@@ -145,3 +145,34 @@ def test_middleware_is_applied_as_vllm_does_and_a_bad_path_stops_startup():
     policy_cli.configure(parser)
     assert policy_cli.main(parser.parse_args(["--middleware", "no_such_module.Middleware"])) == 2
     assert policy_cli.main(parser.parse_args(["--middleware", "NoDots"])) == 2
+
+
+def test_middleware_wraps_the_inner_chain_like_vllm_add_middleware(monkeypatch):
+    from producers.middleware import TokentrailMiddleware
+
+    monkeypatch.setenv("TOKENTRAIL_BOOTSTRAP", "127.0.0.1:9")
+    app = policy_cli.build_app(PolicySettings(), ["producers.middleware.TokentrailMiddleware"])
+    layer = app.middleware_stack
+    while not isinstance(layer, TokentrailMiddleware):
+        layer = layer.app
+    assert layer.config_error is None and layer.app is not app  # the inner chain, not the Starlette app
+    assert app.user_middleware[0].cls is TokentrailMiddleware
+
+
+def test_a_middleware_without_its_settings_stops_startup(monkeypatch, capsys):
+    monkeypatch.delenv("TOKENTRAIL_BOOTSTRAP", raising=False)
+    parser = argparse.ArgumentParser()
+    policy_cli.configure(parser)
+    assert policy_cli.main(parser.parse_args(["--middleware", "producers.middleware.TokentrailMiddleware",
+                                              "--port", "0"])) == 2
+    assert "TOKENTRAIL_BOOTSTRAP" in capsys.readouterr().err
+
+
+def test_old_flags_still_parse():
+    parser = argparse.ArgumentParser()
+    policy_cli.configure(parser)
+    args = parser.parse_args(["--strict-model", "--honour-prefix", "--weight-version", "3"])
+    settings = policy_cli.settings_from_args(args)
+    assert settings.strict_model and settings.weight_version == "3"
+    lenient = policy_cli.settings_from_args(parser.parse_args(["--lenient-model", "--no-dev-mode"]))
+    assert not lenient.strict_model and not lenient.dev_mode
