@@ -81,6 +81,8 @@ ENV_SETTINGS: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("TOKENTRAIL_PREFIX_SUPPLY", "prefix_supply", _flag),  # 1/0
     ("TOKENTRAIL_DELTA_RECORDS", "delta_records", _flag),  # 1/0
     ("TOKENTRAIL_UPSTREAM_MODEL", "upstream_model", str),  # a name vLLM serves (--served-model-name)
+    ("TOKENTRAIL_UPSTREAM_API_KEY", "upstream_api_key", str),  # vLLM's --api-key, sent as Bearer
+    ("TOKENTRAIL_LOGPROBS_MODE", "logprobs_mode", str),  # as vLLM's --logprobs-mode
 )
 _ENV_OF = {field: name for name, field, _ in ENV_SETTINGS}
 

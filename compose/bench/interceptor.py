@@ -115,7 +115,8 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
     from compose.vllm_engine.engine import SERVED_NAME, VllmEngine
 
     prompt = " ".join(f"word{i % 977} and" for i in range(args.prompt_words // 2))
-    body = {"model": SERVED_NAME if args.engine == "vllm" else "m", "messages": [{"role": "user", "content": prompt}],
+    body = {"model": SERVED_NAME if args.engine == "vllm" else "tokentrail-policy",
+            "messages": [{"role": "user", "content": prompt}],
             "max_tokens": args.gen_tokens, "ignore_eos": True}
     direct_body = {**body, "return_token_ids": True, "logprobs": True, "top_logprobs": 0, "include_reasoning": True}
     tag = time.strftime("%H%M%S")

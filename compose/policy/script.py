@@ -128,7 +128,7 @@ def build_arguments(schema: dict, n: int, rng: np.random.Generator) -> dict[str,
             kind = next((k for k in kind if k != "null"), "string")
         if isinstance(prop.get("enum"), list) and prop["enum"]:
             args[name] = prop["enum"][0]
-        elif name == "command":
+        elif name in ("command", "cmd"):  # Claude Code's Bash, Codex's exec_command
             args[name] = f"echo tokentrail-{n}"
         elif name in ("file_path", "path"):
             args[name] = f"/tmp/tokentrail-{n}.txt"

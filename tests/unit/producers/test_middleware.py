@@ -226,6 +226,11 @@ def test_every_environment_variable_names_a_setting():
                            "TOKENTRAIL_DELTA_RECORDS": "0", "TOKENTRAIL_SPOOL_DIR": "/tmp/x"})
     assert s.upstream_model == "Qwen/Qwen3-0.6B" and s.delta_records is False and str(s.spool_dir) == "/tmp/x"
     assert settings_from_env({"TOKENTRAIL_BOOTSTRAP": "k:9092"}).upstream_model is None
+    s = settings_from_env({"TOKENTRAIL_BOOTSTRAP": "k:9092", "TOKENTRAIL_UPSTREAM_API_KEY": "sk-engine",
+                           "TOKENTRAIL_LOGPROBS_MODE": "processed_logprobs"})
+    assert s.upstream_api_key.get_secret_value() == "sk-engine" and s.logprobs_mode == "processed_logprobs"
+    with pytest.raises(ConfigError, match="TOKENTRAIL_LOGPROBS_MODE"):
+        settings_from_env({"TOKENTRAIL_BOOTSTRAP": "k:9092", "TOKENTRAIL_LOGPROBS_MODE": "raw_logits"})
     with pytest.raises(ConfigError, match="TOKENTRAIL_PREFIX_SUPPLY"):
         settings_from_env({"TOKENTRAIL_BOOTSTRAP": "k:9092", "TOKENTRAIL_PREFIX_SUPPLY": "maybe"})
 
