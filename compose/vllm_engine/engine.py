@@ -3,8 +3,8 @@
 ``VllmEngine`` builds the checkpoint once per builder version (cached under
 ``.tokentrail/checkpoints/<digest>/<variant>``), starts
 ``python -m vllm.entrypoints.openai.api_server`` with the flags tokentrail needs
-(``ENGINE_FLAGS``: served model name, hermes tool parser, qwen3 reasoning parser,
-raw log-probs, the render route), waits until ``/health`` answers, and on ``stop()`` kills the whole
+(``ENGINE_FLAGS``: ``serve.yaml``, the flags every deployment uses, with the tier's
+served name, float32 and raw log-probs), waits until ``/health`` answers, and on ``stop()`` kills the whole
 process group (API server, engine core, worker). Nothing outlives a run.
 
 The engine environment is separate from tokentrail's (as an engine has its own
@@ -25,12 +25,12 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVED_NAME = "tokentrail-tiny"
+SERVE_CONFIG = Path(__file__).resolve().parent / "serve.yaml"  # the flags tokentrail needs, as deployed
 ENGINE_FLAGS = (
-    "--served-model-name", SERVED_NAME, "--dtype", "float32",
-    "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
+    "--config", str(SERVE_CONFIG), "--served-model-name", SERVED_NAME, "--dtype", "float32",
+    # Re-scoring (prompt_logprobs) is pre-temperature, so the tier samples raw log-probs: bit-equal
+    # to the re-score whatever temperature a harness sends.
     "--logprobs-mode", "raw_logprobs",
-    # /v1/chat/completions/render, which prefix supply renders the new turns with.
-    "--enable-scale-out",
 )
 
 

@@ -91,11 +91,21 @@ def test_interceptor_upstream_is_switchable(services: dict) -> None:
     assert f"http://vllm:{vllm_port}" in (COMPOSE_DIR / "docker-compose.yml").read_text()
 
 
-def test_vllm_is_optional_gpu_service(services: dict) -> None:
-    vllm = services["vllm"]
-    assert vllm["profiles"] == ["gpu"]
-    assert vllm["image"] == "vllm/vllm-openai:v0.33.0"
-    assert "--enable-auto-tool-choice" in _command(vllm)
+def test_vllm_is_optional_gpu_service_in_both_deployments(services: dict) -> None:
+    proxy, inengine = services["vllm"], services["vllm-inengine"]
+    assert proxy["profiles"] == ["gpu"] and inengine["profiles"] == ["gpu-inengine"]
+    assert proxy["image"] == "vllm/vllm-openai:v0.33.0"
+    assert "FROM vllm/vllm-openai:v0.33.0" in (COMPOSE_DIR / "Dockerfile.vllm").read_text()
+    assert _flag(_command(inengine), "--middleware") == "producers.middleware.TokentrailMiddleware"
+    assert _flag(_command(inengine), "--api-server-count") == "1"
+    assert inengine["environment"]["TOKENTRAIL_BOOTSTRAP"] == "kafka:9092"
+    for service in (proxy, inengine):  # the flags tokentrail needs come from one file, mounted in both
+        assert _flag(_command(service), "--config") == "/etc/tokentrail/serve.yaml"
+        assert "./vllm_engine/serve.yaml:/etc/tokentrail/serve.yaml:ro" in service["volumes"]
+    flags = yaml.safe_load((COMPOSE_DIR / "vllm_engine" / "serve.yaml").read_text())
+    assert flags["enable-auto-tool-choice"] is True and flags["tool-call-parser"] == "hermes"
+    assert flags["reasoning-parser"] and flags["logprobs-mode"] in ("raw_logprobs", "processed_logprobs")
+    assert flags["enable-scale-out"] is True
     assert "profiles" not in services["kafka"] and "profiles" not in services["interceptor"]
 
 
