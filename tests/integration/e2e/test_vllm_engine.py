@@ -38,13 +38,18 @@ def _stack(kafka_bootstrap, tmp_path_factory, engine, *intercept_args: str) -> L
 
 
 def _three_turn_chat(stack: LocalStack, rid: str) -> tuple[str, str]:
-    """Plain, streamed, then with tools; each answer echoed back as text. Returns the last response id and text."""
+    """Plain, streamed, plain again, tools offered; each answer echoed back as text. Returns the last id and text.
+
+    ``enable_thinking: false`` is how Qwen3 clients turn reasoning off: the random weights never
+    close a ``<think>`` block, and vLLM's qwen3 parser would otherwise take all of it for reasoning.
+    """
     client = openai.OpenAI(base_url=stack.capture_base_url(rid), api_key="unused", max_retries=0, timeout=120)
     messages: list[dict] = []
     response_id, text = "", ""
     for turn, task in enumerate(TURNS):
         messages.append({"role": "user", "content": task})
-        kwargs = dict(model="any-harness-name", messages=messages, max_tokens=12)
+        kwargs = dict(model="any-harness-name", messages=messages, max_tokens=12, tools=[WEATHER_TOOL],
+                      extra_body={"chat_template_kwargs": {"enable_thinking": False}})
         if turn == 1:
             parts = []
             for chunk in client.chat.completions.create(stream=True, **kwargs):
@@ -52,9 +57,9 @@ def _three_turn_chat(stack: LocalStack, rid: str) -> tuple[str, str]:
                 parts.extend(c.delta.content or "" for c in chunk.choices)
             text = "".join(parts)
         else:
-            response = client.chat.completions.create(tools=[WEATHER_TOOL] if turn == 2 else openai.NOT_GIVEN,
-                                                      **kwargs)
+            response = client.chat.completions.create(**kwargs)
             response_id, text = response.id, response.choices[0].message.content or ""
+        assert text, f"turn {turn}: the engine answered no text"
         messages.append({"role": "assistant", "content": text})
     return response_id, text
 
