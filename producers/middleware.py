@@ -32,117 +32,27 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import logging
-import os
-import re
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from producers.adapters import openai_error
 from producers.app import Interceptor, default_adapters
+from producers.inprocess import StreamingASGITransport
+from producers.middleware_env import IN_PROCESS, claim_spool_dir, settings_from_env
 from producers.routing import GENERATING, parse_route
 from producers.settings import InterceptorSettings
-from producers.spool import Spool
 from schemas.errors import ConfigError, ContractError, DurabilityError
-from schemas.topics import topic_names
+
+__all__ = ["TokentrailMiddleware"]
 
 log = logging.getLogger("tokentrail.interceptor")
 
 _OURS = ("/ng-rollout/", "/rollouts/", "/tokentrail/admin/")
 _METRICS = "/tokentrail/metrics"
-IN_PROCESS = "http://in-process"
-
-
-def _flag(raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("expected 1 or 0")
-
-
-def _json(raw: str) -> Any:
-    return json.loads(raw)
-
-
-# One line per variable: (environment name, InterceptorSettings field, parser).
-# An unset or empty variable leaves the field at its default.
-ENV_SETTINGS: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
-    ("TOKENTRAIL_BOOTSTRAP", "bootstrap", str),  # required
-    ("TOKENTRAIL_SPOOL_DIR", "spool_dir", str),  # parent of the per-process spools
-    ("TOKENTRAIL_CONTROL_TOKEN", "control_token", str),
-    ("TOKENTRAIL_SAMPLING", "sampling_overrides", _json),  # JSON object
-    ("TOKENTRAIL_TOPIC_PREFIX", "topics", topic_names),
-    ("TOKENTRAIL_PREFIX_SUPPLY", "prefix_supply", _flag),  # 1/0
-    ("TOKENTRAIL_DELTA_RECORDS", "delta_records", _flag),  # 1/0
-    ("TOKENTRAIL_UPSTREAM_MODEL", "upstream_model", str),  # a name vLLM serves (--served-model-name)
-    ("TOKENTRAIL_UPSTREAM_API_KEY", "upstream_api_key", str),  # vLLM's --api-key, sent as Bearer
-    ("TOKENTRAIL_LOGPROBS_MODE", "logprobs_mode", str),  # as vLLM's --logprobs-mode
-)
-_ENV_OF = {field: name for name, field, _ in ENV_SETTINGS}
-
-
-def settings_from_env(env: dict[str, str] | None = None) -> InterceptorSettings:
-    env = dict(os.environ if env is None else env)
-    if not env.get("TOKENTRAIL_BOOTSTRAP"):
-        raise ConfigError("TOKENTRAIL_BOOTSTRAP is not set: the middleware needs the Kafka bootstrap servers (host:port)")
-    values: dict[str, Any] = {"upstream_url": IN_PROCESS}
-    for name, field, parse in ENV_SETTINGS:
-        raw = env.get(name)
-        if not raw:
-            continue
-        try:
-            values[field] = parse(raw)
-        except ValueError as exc:  # bad JSON, a flag that is not 1/0 (the value is not echoed: it may be a secret)
-            raise ConfigError(f"invalid {name} for the vLLM middleware: {exc}") from exc
-    try:
-        return InterceptorSettings(**values)
-    except ValueError as exc:  # pydantic's ValidationError
-        names = sorted({_ENV_OF.get(str(e["loc"][0]), str(e["loc"][0])) for e in exc.errors() if e.get("loc")})  # type: ignore[attr-defined]
-        raise ConfigError(f"invalid TOKENTRAIL_* settings for the vLLM middleware ({', '.join(names)}): {exc}") from exc
-
-
-# -- per-process spools ----------------------------------------------------------------------
-
-_SLOT = re.compile(r"^api-(\d+)$")
-
-
-def claim_spool_dir(parent: Path, skip: frozenset[Path] = frozenset()) -> Path:
-    """The spool directory this process should use under ``parent`` (see the module docstring).
-
-    Candidates are probed by opening them (which takes and then releases the spool's
-    flock): one held by a live process is skipped, the first with undrained events wins,
-    else the first free empty one, else a new ``api-<k>``. A spool written directly in
-    ``parent`` by an older single-process version counts as a candidate too.
-    """
-    parent.mkdir(parents=True, exist_ok=True)
-    slots = sorted((int(m[1]), p) for p in parent.iterdir() if p.is_dir() and (m := _SLOT.match(p.name)))
-    candidates = ([parent] if (parent / "spool.log").exists() else []) + [p for _, p in slots]
-    free: Path | None = None
-    for directory in candidates:
-        if directory in skip:
-            continue
-        try:
-            spool = Spool(directory)
-        except DurabilityError:  # held by a live process
-            continue
-        pending = len(spool)
-        spool.close()
-        if pending:
-            log.warning("spool %s holds %d event(s) of a process that is gone; this process drains them first",
-                        directory, pending)
-            return directory
-        if free is None and directory != parent:
-            free = directory
-    if free is not None:
-        return free
-    taken = {k for k, _ in slots}
-    return parent / f"api-{next(k for k in range(len(taken) + 1) if k not in taken)}"
 
 
 # -- the middleware --------------------------------------------------------------------------
@@ -296,113 +206,3 @@ def _unavailable(path: str, message: str) -> Any:
     return openai_error(503, message, "capture_unavailable")
 
 
-# -- the in-process transport ----------------------------------------------------------------
-
-# Response extensions this transport does not implement are not offered to the engine.
-_UNSUPPORTED_EXTENSIONS = frozenset({"http.response.pathsend", "http.response.zerocopy", "http.response.push",
-                                     "http.response.trailers", "http.response.early_hint"})
-
-
-class InProcessEngineError(httpx.TransportError):
-    """The in-process engine raised instead of answering (or in the middle of its answer)."""
-
-
-class StreamingASGITransport(httpx.AsyncBaseTransport):
-    """Call an ASGI app in-process and hand its response body over as it is sent (no buffering).
-
-    ``outer`` returns the server scope's ``app``, ``state``, ``root_path`` and ``extensions``
-    for the request (Starlette sets ``scope["app"]`` outside the user middleware)."""
-
-    def __init__(self, app: ASGIApp, outer: Callable[[], dict[str, Any]] | None = None) -> None:
-        self.app = app
-        self.outer = outer or dict
-
-    def _scope(self, request: httpx.Request, body_path: str) -> dict[str, Any]:
-        outer = self.outer()
-        root = outer.get("root_path", "") or ""
-        path = root + body_path
-        scope: dict[str, Any] = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": request.method,
-            "scheme": request.url.scheme, "path": path, "raw_path": path.encode(),
-            "query_string": request.url.query, "root_path": root,
-            "headers": [(k.lower(), v) for k, v in request.headers.raw],
-            "client": ("127.0.0.1", 0), "server": ("in-process", 80),
-        }
-        if "app" in outer:
-            scope["app"] = outer["app"]
-        if isinstance(outer.get("state"), dict):
-            scope["state"] = dict(outer["state"])  # per request, like uvicorn's copy of the lifespan state
-        if isinstance(outer.get("extensions"), dict):
-            scope["extensions"] = {k: v for k, v in outer["extensions"].items() if k not in _UNSUPPORTED_EXTENSIONS}
-        return scope
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        body = await request.aread()
-        scope = self._scope(request, request.url.path)
-        sent_body = False
-        disconnected = asyncio.Event()
-
-        async def receive() -> dict[str, Any]:
-            nonlocal sent_body
-            if not sent_body:
-                sent_body = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await disconnected.wait()
-            return {"type": "http.disconnect"}
-
-        start: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        chunks: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
-
-        async def send(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start" and not start.done():
-                start.set_result(message)
-            elif message["type"] == "http.response.body":
-                if message.get("body"):
-                    chunks.put_nowait(message["body"])
-                if not message.get("more_body", False):
-                    chunks.put_nowait(None)
-
-        async def run() -> None:
-            try:
-                await self.app(scope, receive, send)
-            except Exception as exc:
-                error = InProcessEngineError(f"the in-process engine raised {exc!r} serving "
-                                             f"{request.method} {request.url.path}")
-                error.__cause__ = exc
-                if not start.done():
-                    start.set_exception(error)
-                else:
-                    chunks.put_nowait(error)
-            finally:
-                chunks.put_nowait(None)
-                if not start.done():
-                    start.set_exception(InProcessEngineError(
-                        f"the in-process engine returned without answering {request.method} {request.url.path}"))
-
-        task = asyncio.get_running_loop().create_task(run())
-        message = await start
-
-        async def stream() -> AsyncIterator[bytes]:
-            try:
-                while (chunk := await chunks.get()) is not None:
-                    if isinstance(chunk, BaseException):
-                        raise chunk
-                    yield chunk
-            finally:
-                disconnected.set()
-                await task
-
-        return httpx.Response(message["status"], headers=message.get("headers", []),
-                              stream=_AsyncStream(stream()), request=request)
-
-
-class _AsyncStream(httpx.AsyncByteStream):
-    def __init__(self, iterator: AsyncIterator[bytes]) -> None:
-        self._iterator = iterator
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._iterator:
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self._iterator.aclose()  # type: ignore[attr-defined]

@@ -9,7 +9,9 @@ import httpx
 import pytest
 
 from compose.policy import create_app
-from producers.middleware import StreamingASGITransport, TokentrailMiddleware, settings_from_env
+from producers.inprocess import StreamingASGITransport
+from producers.middleware import TokentrailMiddleware
+from producers.middleware_env import settings_from_env
 from producers.settings import InterceptorSettings
 from schemas.errors import ConfigError
 from schemas.records import CallCaptured
@@ -100,7 +102,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
 
-from producers.middleware import ENV_SETTINGS, claim_spool_dir
+from producers.middleware_env import ENV_SETTINGS, claim_spool_dir
 from producers.spool import Spool
 from schemas.codec import encode_event
 from schemas.records import CallIncomplete
