@@ -10,6 +10,11 @@ and the interceptor's own per-call overhead from its ``Server-Timing`` header
 (time not spent waiting for the engine: parsing, hashing, encoding, the Kafka
 ack, answering). Budget: p50 ≤ 3 ms, p99 ≤ 15 ms.
 
+``--engine vllm`` puts real vLLM (its CPU build from ``make vllm``, on the tiny
+random-weight checkpoint) in place of the reference server, in both deployments: in
+front of it as a proxy, and inside its server as ``--middleware`` (the baseline is then
+the same server's uncaptured route). Decode speed is then the CPU engine's own.
+
 A broker in production has run for days; a JVM started a second ago answers
 its first thousands of produce requests several times slower (JIT warm-up).
 So before measuring, the broker is warmed with ``--broker-warmup`` sequential
@@ -53,7 +58,7 @@ def _pct(values: list[float], p: float) -> float:
 
 async def _load(url: str, body: dict, n: int, concurrency: int, timings: list[float] | None,
                 stagger_s: float = 0.0, engine: list[float] | None = None,
-                hop: list[float] | None = None) -> list[float]:
+                hop: list[float] | None = None, seeded: bool = True) -> list[float]:
     """``concurrency`` closed-loop clients; client i starts ``i * stagger_s / concurrency`` late, so that
     calls are in flight all the time but do not all finish at the same instant (as in a real run)."""
     import httpx
@@ -65,7 +70,9 @@ async def _load(url: str, body: dict, n: int, concurrency: int, timings: list[fl
             await asyncio.sleep(k * stagger_s / concurrency)
             for i in remaining:
                 t0 = time.perf_counter()
-                r = await http.post(url, json={**body, "seed": i})
+                # Seeds vary the reference engine's outputs; vLLM's CPU build (0.32) dies on a
+                # per-request seed ("CPU Generator does not use offset", EngineDeadError).
+                r = await http.post(url, json={**body, "seed": i} if seeded else body)
                 latencies.append(time.perf_counter() - t0)
                 r.raise_for_status()
                 if timings is not None:
@@ -142,8 +149,9 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
         via_url = f"{capture_base}/ng-rollout/bench-{tag}/training-token-capture/v1/chat/completions"
         direct_url = f"{stack.policy_url}/v1/chat/completions"
         # Warm both paths (engine tables, connections, the producer's id).
-        asyncio.run(_load(direct_url, direct_body, 16, 8, None))
-        asyncio.run(_load(via_url, body, 16, 8, None))
+        seeded = args.engine != "vllm"
+        asyncio.run(_load(direct_url, direct_body, 16, 8, None, seeded=seeded))
+        asyncio.run(_load(via_url, body, 16, 8, None, seeded=seeded))
         direct: list[float] = []
         via: list[float] = []
         ours: list[float] = []
@@ -152,9 +160,9 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
         stagger = args.decode_ms_per_token * args.gen_tokens / 1000
         for _ in range(args.rounds):
             direct += asyncio.run(_load(direct_url, direct_body, args.calls_per_round, args.concurrency, None,
-                                        stagger))
+                                        stagger, seeded=seeded))
             via += asyncio.run(_load(via_url, body, args.calls_per_round, args.concurrency, ours, stagger,
-                                     engine_seen, hop))
+                                     engine_seen, hop, seeded=seeded))
         prompt_tokens = _prompt_tokens(stack.policy_url, body)
         metrics_path = "/metrics" if deployment == "proxy" else "/tokentrail/metrics"
         metrics = httpx.get(f"{capture_base}{metrics_path}", timeout=10).text
