@@ -68,6 +68,13 @@ def test_acknowledged_calls_survive_a_broker_crash_exactly_once_in_order(crashab
                        policy_args=("--decode-ms-per-token", "4"), upstream_url=upstream,
                        intercept_args=("--spool-dir", str(tmp_path / "spool"), "--publish-timeout-ms", "2000"))
     with stack:
+        # Steady state before the fault: one rollout delivered end to end proves the processor
+        # holds its partitions and the consumer is past its start-up checks (a broker killed
+        # during either is another test's subject, not this one's).
+        warm = asyncio.run(run_rollout(stack.capture_base_url(f"warm-{tag}"), f"warm-{tag}", "warm up"))
+        stack.finish(warm.rollout_id, {"reward": 1.0}, final_response_id=warm.final_response_id,
+                     final_text=warm.final_text)
+        stack.wait_rollouts([warm.rollout_id], timeout=90)
         ids = [f"crash-{tag}-{i}" for i in range(rollouts)]
         outcomes: dict[str, object] = {}
 
