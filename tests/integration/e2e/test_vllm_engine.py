@@ -150,4 +150,6 @@ def test_unknown_model_names_and_oversized_max_tokens_are_served(kafka_bootstrap
         time.sleep(0.5)
         (call,) = _captures(stack, kafka_bootstrap, rid)
     assert call.facts.requested_model == "claude-sonnet-4-5" and call.facts.served_model == "tokentrail-tiny"
-    assert call.facts.max_tokens == 128000
+    # The harness's ask stays on record; what was sent fits the engine's window, and says so.
+    assert call.facts.max_tokens == 128000 and call.facts.max_tokens_clamped
+    assert call.facts.max_tokens_sent is not None and call.facts.max_tokens_sent <= 32768
