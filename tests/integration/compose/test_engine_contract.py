@@ -6,18 +6,17 @@ models); the shape is what the interceptor reads, so the shape is what must not 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import uuid
 from typing import Any
 
 import httpx
 import pytest
 
 from compose.harness import WEATHER_TOOL
-from compose.stack import _terminate
+from compose.stack import LocalStack
 from compose.vllm_engine.engine import SERVED_NAME
 
-pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+pytestmark = [pytest.mark.integration, pytest.mark.real_broker, pytest.mark.vllm]
 
 TOKEN_FIELDS = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0, "include_reasoning": True}
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -40,31 +39,11 @@ ERRORS = {  # name -> (body, expected status)
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    log = tmp_path_factory.mktemp("ref") / "policy.log"
-    with open(log, "wb") as handle:
-        proc = subprocess.Popen([sys.executable, "-m", "compose.cli", "policy", "--port", "0",
-                                 "--served-model-name", SERVED_NAME, "--max-model-len", "32768"],
-                                stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        url = _wait_url(log, proc)
-        yield url
-    finally:
-        _terminate(proc)
-
-
-def _wait_url(log, proc) -> str:
-    import time
-
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for line in log.read_text(errors="replace").splitlines():
-            if "policy listening on " in line:
-                return line.split()[-1]
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    raise RuntimeError(log.read_text(errors="replace"))
+def reference(kafka_bootstrap, tmp_path_factory):
+    with LocalStack(kafka_bootstrap, tmp_path_factory.mktemp("ref"), topic_prefix=f"ct{uuid.uuid4().hex[:8]}.",
+                    with_pipeline=False,
+                    policy_args=("--served-model-name", SERVED_NAME, "--max-model-len", "32768")) as stack:
+        yield stack.policy_url
 
 
 @pytest.fixture(scope="module")
