@@ -16,6 +16,7 @@ import orjson
 from starlette.responses import Response
 
 from producers.core import ParsedRequest
+from producers.dialects.common import check_fields, expect, expect_objects, shown
 from producers.extract import strip_chat_response
 from producers.http import json_response
 from producers.streaming import ChatStreamAdapter
@@ -59,7 +60,12 @@ class ChatAdapter:
     def parse(self, body: dict[str, Any]) -> ParsedRequest:
         messages = body.get("messages")
         if not isinstance(messages, list):
-            raise ValueError("'messages' must be a list")
+            raise ValueError(f"'messages' must be a list of message objects, got {shown(messages)}")
+        check_fields(body, _CHAT_FIELDS)
+        if body.get("tools") is not None:
+            expect_objects(body["tools"], "tools", "tool")
+        for i, message in enumerate(messages):
+            _check_chat_message(message, f"messages[{i}]")
         if body.get("n") not in (None, 1):
             raise ValueError(f"n={body.get('n')!r}: token capture needs exactly one choice per call (n=1)")
         system = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") in ("system", "developer")]
@@ -81,6 +87,41 @@ class ChatAdapter:
 
     def upstream_error(self, status: int, content: bytes) -> Response:
         return Response(content, status_code=status, media_type="application/json")
+
+
+# Top-level chat fields whose JSON type the interceptor itself relies on (the engine checks the rest).
+_CHAT_FIELDS = {"model": "string", "stream": "boolean", "logprobs": "boolean", "top_logprobs": "integer",
+                "max_tokens": "integer", "max_completion_tokens": "integer", "stream_options": "object"}
+
+
+def _check_chat_message(message: Any, where: str) -> None:
+    """What hashing and forwarding read of a chat message has the shape the chat API gives it."""
+    if not isinstance(message, dict):
+        raise ValueError(f"'{where}' must be a message object such as {{\"role\": \"user\", \"content\": \"...\"}}, "
+                         f"got {shown(message)}")
+    expect(message.get("role"), "string", f"{where}.role", "system, developer, user, assistant or tool")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        if not isinstance(content, list):
+            raise ValueError(f"'{where}.content' must be a string or a list of content part objects, got "
+                             f"{shown(content)}")
+        for j, part in enumerate(content):
+            at = f"{where}.content[{j}]"
+            if not isinstance(part, dict):
+                raise ValueError(f"'{at}' must be a content part object such as {{\"type\": \"text\", \"text\": "
+                                 f"\"...\"}}, got {shown(part)}")
+            if part.get("type") is not None:
+                expect(part["type"], "string", f"{at}.type")
+            elif not isinstance(part.get("text"), str):
+                raise ValueError(f"'{at}' needs a string 'type' (or, untyped, a string 'text')")
+    calls = message.get("tool_calls")
+    if calls is not None:
+        for k, call in enumerate(expect_objects(calls, f"{where}.tool_calls", "tool call")):
+            function = call.get("function")
+            if function is not None:
+                expect(function, "object", f"{where}.tool_calls[{k}].function", "name and arguments")
+                if function.get("name") is not None:
+                    expect(function["name"], "string", f"{where}.tool_calls[{k}].function.name")
 
 
 def openai_error(status: int, message: str, kind: str) -> Response:

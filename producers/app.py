@@ -13,8 +13,14 @@ local spool when Kafka is down. Token fields never reach the client.
 The engine gets the harness's headers, except its credential when
 ``upstream_api_key`` is set (that key is sent as Bearer instead); without it an
 Anthropic ``x-api-key`` is also sent as ``Authorization: Bearer`` (vLLM's
-``--api-key`` reads only that). With prefix supply, startup refuses an engine
-that cannot render chat requests or ignores supplied prompt ids.
+``--api-key`` reads only that). A header value that is not ASCII (HTTP's latin-1
+"obs-text") goes upstream as the very bytes the harness sent: it never fails a call.
+With prefix supply, startup refuses an engine that cannot render chat requests or
+ignores supplied prompt ids.
+
+Paths come from the ASGI scope (``producers.routing``), never from Starlette's
+re-parsed ``request.url``, which deletes tab/CR/LF. A path that cannot be forwarded
+(``//...``, a control character) is a 400 naming it, in the caller's dialect.
 """
 
 from __future__ import annotations
@@ -42,7 +48,16 @@ from producers.http import error_response, json_response
 from producers.lineage_index import LineageIndex
 from producers.metrics import InterceptorMetrics
 from producers.publisher import KafkaPublisher, producer_config
-from producers.routing import GENERATING, Kind, is_non_generating, parse_route
+from producers.routing import (
+    GENERATING,
+    Kind,
+    dialect_of_path,
+    finish_rollout_id,
+    is_control,
+    is_non_generating,
+    parse_route,
+    scope_paths,
+)
 from producers.settings import InterceptorSettings
 from producers.spool import Spool
 from schemas.errors import ContractError
@@ -181,17 +196,19 @@ class Interceptor:
 
     # -- dispatch -------------------------------------------------------------
     async def dispatch(self, request: Request) -> Response:
-        path = request.url.path
+        # The scope's path, not request.url.path: Starlette rebuilds the URL through urlsplit, which deletes
+        # tab/CR/LF and would rewrite a rollout id (producers.routing).
+        path, raw_path = scope_paths(request.scope)
         if path == "/metrics":
             return Response(self.metrics.render(), media_type=self.metrics.content_type)
         if path == "/healthz":
             return json_response({"status": "ok", "spooled": self.core.writer.spooled if self.core else 0})
-        if path.startswith("/rollouts/") or path.startswith("/tokentrail/admin/"):
-            return await self._control(request)
+        if is_control(path):
+            return await self._control(request, path, raw_path)
         try:
-            route = parse_route(path)
+            route = parse_route(path, raw_path)
         except ContractError as exc:
-            return error_response(400, str(exc), "invalid_rollout_id")
+            return self.error_for(path, 400, str(exc), "invalid_rollout_id")
         if route.kind is not Kind.CAPTURE:
             return await self.forward(request, route.api_path)
         assert route.rollout_id is not None
@@ -205,21 +222,24 @@ class Interceptor:
             return await self.forward(request, route.api_path)
         return await self._forward_unknown(request, route.rollout_id, route.api_path)
 
-    async def _control(self, request: Request) -> Response:
+    async def _control(self, request: Request, path: str, raw_path: bytes | None) -> Response:
         if not self._authorized(request):
             return error_response(401, "control routes need 'Authorization: Bearer <token>' matching "
                                        "TOKENTRAIL_CONTROL_TOKEN", "unauthorized")
-        parts = request.url.path.strip("/").split("/")
-        if len(parts) == 3 and parts[0] == "rollouts" and parts[2] == "finish" and request.method == "POST":
-            return await handle_finish(self, request, parts[1])
-        if request.url.path == "/tokentrail/admin/policy-version" and request.method == "POST":
+        try:
+            rollout_id = finish_rollout_id(path, raw_path)
+        except ContractError as exc:
+            return error_response(400, str(exc), "invalid_rollout_id")
+        if rollout_id is not None and request.method == "POST":
+            return await handle_finish(self, request, rollout_id)
+        if path == "/tokentrail/admin/policy-version" and request.method == "POST":
             try:
                 version = orjson.loads(await request.body())["version"]
             except (ValueError, KeyError, TypeError):
                 return error_response(400, 'body must be {"version": "<policy version>"}', "invalid_request_error")
             self.core.admin_policy_version = None if version is None else str(version)
             return json_response({"policy_version": self.core.admin_policy_version})
-        return error_response(404, f"no control route {request.method} {request.url.path}", "not_found")
+        return error_response(404, f"no control route {request.method} {path!r}", "not_found")
 
     def _authorized(self, request: Request) -> bool:
         token = self.settings.control_token
@@ -229,7 +249,9 @@ class Interceptor:
         return hmac.compare_digest(given.encode(), f"Bearer {token.get_secret_value()}".encode())
 
     # -- forwarding -----------------------------------------------------------
-    def upstream_headers(self, request: Request) -> dict[str, str]:
+    def upstream_headers(self, request: Request) -> dict[str, str | bytes]:
+        """The harness's headers for the engine. A value that is not ASCII (HTTP allows latin-1 "obs-text",
+        httpx encodes str values as ASCII and would fail the call) goes as the very bytes the harness sent."""
         headers = {k.lower(): v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST_HEADERS}
         key = self.settings.upstream_api_key
         if key is not None:
@@ -238,14 +260,24 @@ class Interceptor:
             headers["authorization"] = f"Bearer {key.get_secret_value()}"
         elif "x-api-key" in headers and "authorization" not in headers:
             headers["authorization"] = f"Bearer {headers['x-api-key']}"
-        return headers
+        return {k: v if v.isascii() else v.encode("latin-1", errors="replace") for k, v in headers.items()}
+
+    def error_for(self, path: str, status: int, message: str, kind: str) -> Response:
+        """An error in the dialect of the API route ``path`` names (OpenAI's shape when it names none)."""
+        dialect = dialect_of_path(path)
+        adapter = self.adapters.get(dialect) if dialect else None
+        return adapter.error(status, message, kind) if adapter is not None else error_response(status, message, kind)
 
     async def forward(self, request: Request, api_path: str) -> Response:
         """Stream a request to the engine and its answer back, unchanged."""
-        url = httpx.URL(path=api_path, query=request.url.query.encode())
-        upstream_request = self.upstream.build_request(
-            request.method, url, headers=self.upstream_headers(request), content=request.stream()
-        )
+        try:
+            url = httpx.URL(path=api_path, query=bytes(request.scope.get("query_string") or b""))
+            upstream_request = self.upstream.build_request(
+                request.method, url, headers=self.upstream_headers(request), content=request.stream()
+            )
+        except httpx.InvalidURL as exc:  # e.g. a path starting with "//", or with a control character
+            return self.error_for(api_path, 400, f"invalid request path {api_path!r}: {exc}; send a path without "
+                                                 "empty segments ('//') or control characters", "invalid_request_error")
         try:
             upstream = await self.upstream.send(upstream_request, stream=True)
         except Exception as exc:  # an in-process upstream raises anything, not only httpx errors

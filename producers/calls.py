@@ -11,6 +11,10 @@ client that disconnects does not cut the capture short; only the terminal event 
 until the capture is durable. Either way a call leaves exactly one record, decided
 before anything is written (``producers.core``).
 
+A request that cannot be read (not JSON, not an object, nested deeper than
+``producers.json_limits.MAX_JSON_DEPTH``) or that the dialect refuses is a 400 in the
+caller's dialect naming the field; nothing is recorded and nothing reaches the engine.
+
 Engine errors, each recorded with the engine's message: no answer at all (whatever the
 transport raised; an in-process upstream raises anything, e.g. KeyError) or a 5xx is
 CallIncomplete(upstream_error); a 4xx is CallIncomplete(engine_rejected), after one
@@ -43,6 +47,8 @@ from producers.engine_info import (
     prompt_tokens,
     render_ids,
 )
+from producers.dialects.common import json_type
+from producers.json_limits import load_json, nesting_problem
 from producers.streaming import ChatStreamAccumulator
 from schemas.records import IncompleteReason
 
@@ -70,13 +76,21 @@ _ENGINE_ENDED = ("abort", "error")  # finish reasons the core records as failure
 async def handle_generation(app: Interceptor, request: Request, rollout_id: str, api_path: str,
                             adapter: DialectAdapter) -> Response:
     started = time.perf_counter()
+    what = f"invalid {adapter.dialect.value.lower()} request"
     try:
-        body = orjson.loads(await request.body())
+        body = load_json(await request.body(), "the request body")
         if not isinstance(body, dict):
-            raise ValueError("the request body must be a JSON object")
+            raise ValueError(f"the request body must be a JSON object, got a JSON {json_type(body)}")
+        problem = nesting_problem(body)
+        if problem is not None:
+            raise ValueError(problem)
         parsed = adapter.parse(body)
     except ValueError as exc:
-        return adapter.error(400, f"invalid {adapter.dialect.value.lower()} request: {exc}", "invalid_request_error")
+        return adapter.error(400, f"{what}: {exc}", "invalid_request_error")
+    except Exception as exc:  # a malformed request the dialect's checks missed: a 400 naming it, never a bare 500
+        log.exception("request of rollout %s could not be read", rollout_id)
+        return adapter.error(400, f"{what}: it could not be read ({type(exc).__name__}: {exc}); check each field's "
+                                  "type against the API reference", "invalid_request_error")
     headers = {k.lower(): v for k, v in request.headers.items()}
     upstream_headers = app.upstream_headers(request)
     upstream_headers["content-type"] = "application/json"  # the body is ours; vLLM refuses any other type

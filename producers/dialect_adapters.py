@@ -48,6 +48,7 @@ class AnthropicAdapter:
     id_kind = "anthropic"
 
     def parse(self, body: dict[str, Any]) -> ParsedRequest:
+        anthropic.check_request(body)
         chat = anthropic.to_chat_request(body)
         items, instructions, tools = anthropic.hash_items(body)
         return ParsedRequest(chat_body=chat, items=items, instructions=instructions, tools=tools,
@@ -89,9 +90,9 @@ class ResponsesAdapter:
 
     def stream_adapter(self, response_id: str, parsed: ParsedRequest) -> StreamAdapter:
         translator = responses.StreamTranslator(response_id, str(parsed.original.get("model") or ""), parsed.original)
+        # The error event continues the stream's sequence_number (the SDK checks the order).
         return _TranslatingStream(translator, lambda status, message: encode_sse(
-            "error", {"type": "error", "code": str(status), "message": message, "param": None,
-                      "sequence_number": 0}))
+            *translator.error_event(str(status), message)))
 
     def error(self, status: int, message: str, kind: str) -> Response:
         return json_response({"error": {"message": message, "type": kind, "param": None, "code": str(status)}},

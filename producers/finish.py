@@ -3,6 +3,14 @@
 Three ways, one event: ``finish_rollout(...)`` (Python), ``tokentrail finish``
 (CLI) and ``POST /rollouts/<id>/finish`` on the interceptor (bearer token).
 Each returns only after Kafka acknowledged the event.
+
+Every field is checked where it comes in, against what ``RolloutFinished.avsc`` can
+hold (``schemas.avro_fields``) and what it means: ``attempt`` is an integer in
+[0, 2**31 - 1] (an Avro int; a retry count is never negative), ``final_response_id``
+and ``final_text`` are strings or null, ``result`` is JSON with finite numbers, nested
+at most ``MAX_JSON_DEPTH`` levels. A value that does not fit is refused (HTTP 400,
+``ContractError``) naming the field: an event the processor would dead-letter must
+never be acknowledged as a finish.
 """
 
 from __future__ import annotations
@@ -10,13 +18,15 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from producers.capture import default_source, make_event
+from producers.dialects.common import json_type
 from producers.http import error_response, json_response
+from producers.json_limits import load_json, nesting_problem
 from producers.publisher import KafkaPublisher, producer_config
+from schemas.avro_fields import INT_MAX, check_fields
 from schemas.errors import ContractError, TransportError
 from schemas.ids import validate_rollout_id
 from schemas.records import RolloutFinished
@@ -26,13 +36,27 @@ if TYPE_CHECKING:
     from producers.app import Interceptor
 
 
+FINISH_FIELDS = ("result", "final_response_id", "final_text", "attempt")
+
+
 def finished_event_body(
     result: Any = None, *, final_response_id: str | None = None, final_text: str | None = None, attempt: int = 0
 ) -> RolloutFinished:
+    """The RolloutFinished body; ContractError naming the field for a value the event cannot carry."""
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or not 0 <= attempt <= INT_MAX:
+        raise ContractError(f"field 'attempt' = {attempt!r} ({type(attempt).__name__}) is invalid: attempt is the "
+                            f"rollout's retry number, an integer in [0, {INT_MAX}] (RolloutFinished.attempt is an "
+                            "Avro int); send e.g. 0 for the first attempt")
+    check_fields("RolloutFinished", {"final_response_id": final_response_id, "final_text": final_text})
+    problem = nesting_problem(result, "result")
+    if problem is not None:
+        raise ContractError(problem)
     try:
         result_json = json.dumps({} if result is None else result, sort_keys=True, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ContractError(f"rollout result must be JSON-serialisable (no NaN/inf): {exc}") from exc
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ContractError(f"field 'result' must be JSON-serialisable with finite numbers (no NaN/inf): {exc}; "
+                            "send a JSON value such as {\"reward\": 1.0}") from exc
+    check_fields("RolloutFinished", {"attempt": attempt, "result_json": result_json})
     return RolloutFinished(
         attempt=attempt, result_json=result_json, final_response_id=final_response_id, final_text=final_text
     )
@@ -66,17 +90,20 @@ async def finish_rollout(
 async def handle_finish(app: Interceptor, request: Request, rollout_id: str) -> Response:
     try:
         validate_rollout_id(rollout_id)
-        payload = orjson.loads(await request.body() or b"{}")
+        raw = await request.body()
+        payload = load_json(raw, "the finish body") if raw.strip() else {}
         if not isinstance(payload, dict):
-            raise ContractError("body must be a JSON object: {result, final_response_id, final_text, attempt}")
-        unknown = set(payload) - {"result", "final_response_id", "final_text", "attempt"}
+            raise ContractError("the finish body must be a JSON object: {result, final_response_id, final_text, "
+                                f"attempt}}, got a JSON {json_type(payload)}")
+        unknown = set(payload) - set(FINISH_FIELDS)
         if unknown:
-            raise ContractError(f"unknown field(s) {sorted(unknown)}; allowed: result, final_response_id, final_text, attempt")
+            raise ContractError(f"unknown field(s) {sorted(unknown)}; allowed: {', '.join(FINISH_FIELDS)}")
+        attempt = payload.get("attempt")
         body = finished_event_body(
             payload.get("result"),
             final_response_id=payload.get("final_response_id"),
             final_text=payload.get("final_text"),
-            attempt=int(payload.get("attempt") or 0),
+            attempt=0 if attempt is None else attempt,  # null is "not given"; nothing else is coerced
         )
     except (ContractError, ValueError) as exc:
         return error_response(400, str(exc), "invalid_request_error")

@@ -14,7 +14,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--result", default="{}", help="rollout result as JSON (reward, verifier output, ...)")
     parser.add_argument("--final-response-id", help="response id of the harness's final answer")
     parser.add_argument("--final-text", help="the harness's final answer text")
-    parser.add_argument("--attempt", type=int, default=0)
+    parser.add_argument("--attempt", type=int, default=0, help="retry number of the rollout, 0..2147483647")
     parser.add_argument("--topic-prefix", default="", help="prefix of every topic name (isolation)")
 
 
@@ -24,7 +24,10 @@ def main(args: argparse.Namespace) -> int:
     from schemas.errors import TokentrailError
 
     try:
-        result = json.loads(args.result)
+        try:
+            result = json.loads(args.result)
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"--result is not valid JSON ({exc}): pass e.g. --result '{{\"reward\": 1}}'") from exc
         event_id = asyncio.run(finish_rollout(args.bootstrap, args.rollout, result,
                                               final_response_id=args.final_response_id,
                                               final_text=args.final_text, attempt=args.attempt,

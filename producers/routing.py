@@ -6,15 +6,23 @@
 - ``/rollouts/<id>/finish`` and ``/tokentrail/admin/...``: control routes (bearer token),
   never reachable through the ``/ng-rollout/`` prefix.
 
-An invalid rollout id is refused (HTTP 400 naming the rule), never rewritten.
+An invalid rollout id is refused (HTTP 400 naming the rule), never rewritten. Paths are read
+from the ASGI scope, never from a URL rebuilt out of it: Starlette's ``request.url`` goes
+through ``urllib.parse.urlsplit``, which deletes tab, CR and LF (WHATWG URL parsing), so
+``/ng-rollout/tab%09x1/...`` would become rollout ``tabx1``. The rollout id is also checked
+against the raw path (``raw_path``, percent-decoded segment by segment): ``a%2Fb`` is the id
+``a/b`` (refused), not the id ``a`` followed by a path ``b/...``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
+from urllib.parse import unquote
 
-from schemas.ids import validate_rollout_id
+from schemas.errors import ContractError
+from schemas.ids import ROLLOUT_ID_RULE, validate_rollout_id
 
 ROLLOUT_PREFIX = "ng-rollout"
 CAPTURE_SEGMENT = "training-token-capture"
@@ -43,13 +51,47 @@ GENERATING = {
 NON_GENERATING = ("/v1/models", "/v1/messages/count_tokens", "/health", "/v1/health", "/tokenize", "/detokenize")
 
 
-def parse_route(path: str) -> Route:
-    """Classify a request path; raises ContractError for an invalid rollout id."""
+CONTROL_PREFIXES = ("/rollouts/", "/tokentrail/admin/")
+
+
+def scope_paths(scope: Any) -> tuple[str, bytes | None]:
+    """The request's (percent-decoded) path and its raw path, as the server gave them (never re-parsed)."""
+    raw = scope.get("raw_path")
+    return scope.get("path") or "/", raw if isinstance(raw, (bytes, bytearray)) else None
+
+
+def raw_segments(raw_path: bytes | None) -> list[str] | None:
+    """The raw path's segments, each percent-decoded (an encoded ``/`` stays inside its segment)."""
+    if raw_path is None:
+        return None
+    raw = bytes(raw_path).partition(b"?")[0].decode("latin-1")
+    return [unquote(segment) for segment in raw.split("/")[1:]]
+
+
+def check_raw_rollout_id(rollout_id: str, raw_path: bytes | None, index: int) -> None:
+    """ContractError unless segment ``index`` of the raw path decodes to exactly ``rollout_id``."""
+    segments = raw_segments(raw_path)
+    if segments is None:
+        return
+    raw_id = segments[index] if index < len(segments) else ""
+    if raw_id != rollout_id:
+        validate_rollout_id(raw_id)  # names the rule with the id as sent
+        raise ContractError(f"invalid rollout id: the path's rollout segment decodes to {raw_id!r} but reads as "
+                            f"{rollout_id!r}; a rollout id must match {ROLLOUT_ID_RULE} as sent (percent-decoded). "
+                            "It is rejected, not rewritten: send the id unencoded.")
+
+
+def parse_route(path: str, raw_path: bytes | None = None) -> Route:
+    """Classify a request path; raises ContractError for an invalid rollout id.
+
+    ``path`` is the ASGI (percent-decoded) path, ``raw_path`` the ASGI raw path when the server gave one.
+    """
     if not path.startswith(f"/{ROLLOUT_PREFIX}/"):
         return Route(Kind.BARE, path or "/")
     rest = path[len(ROLLOUT_PREFIX) + 2 :]
     rollout_id, _, tail = rest.partition("/")
     validate_rollout_id(rollout_id)
+    check_raw_rollout_id(rollout_id, raw_path, 1)
     tail = "/" + tail
     if tail == f"/{CAPTURE_SEGMENT}" or tail.startswith(f"/{CAPTURE_SEGMENT}/"):
         return Route(Kind.CAPTURE, tail[len(CAPTURE_SEGMENT) + 1 :] or "/", rollout_id)
@@ -58,3 +100,34 @@ def parse_route(path: str) -> Route:
 
 def is_non_generating(api_path: str) -> bool:
     return api_path.rstrip("/") in NON_GENERATING or api_path.startswith("/v1/models/")
+
+
+def is_control(path: str) -> bool:
+    return path.startswith(CONTROL_PREFIXES)
+
+
+def finish_rollout_id(path: str, raw_path: bytes | None = None) -> str | None:
+    """The rollout id of ``/rollouts/<id>/finish`` (validated: ContractError naming the rule), or None.
+
+    Read from the raw path's segments when there is one, so ``/rollouts/a%2Fb/finish`` names the
+    (refused) id ``a/b`` rather than being a different route.
+    """
+    segments = raw_segments(raw_path)
+    if segments is None:
+        segments = path.split("/")[1:]
+    if segments and segments[-1] == "":  # a trailing slash
+        segments = segments[:-1]
+    if len(segments) != 3 or segments[0] != "rollouts" or segments[2] != "finish":
+        return None
+    rollout_id = segments[1]
+    validate_rollout_id(rollout_id)
+    decoded = path.rstrip("/").split("/")[1:]
+    if len(decoded) != 3 or decoded[1] != rollout_id:  # the decoded path must say the same
+        raise ContractError(f"invalid rollout id {rollout_id!r}: the path reads differently decoded ({path!r})")
+    return rollout_id
+
+
+def dialect_of_path(path: str) -> str | None:
+    """The dialect whose generating route ``path`` ends with (for errors before a route is parsed)."""
+    stripped = path.rstrip("/")
+    return next((dialect for route, dialect in GENERATING.items() if stripped.endswith(route)), None)

@@ -36,15 +36,30 @@ from typing import Any
 
 from producers.dialects.anthropic_output import from_chat_response
 from producers.dialects.anthropic_stream import StreamTranslator
-from producers.dialects.common import IMAGE_PLACEHOLDER, DialectError, encode_sse, join_text
+from producers.dialects.common import (
+    IMAGE_PLACEHOLDER,
+    DialectError,
+    check_fields,
+    encode_sse,
+    expect,
+    expect_objects,
+    join_text,
+    shown,
+)
 
-__all__ = ["DialectError", "StreamTranslator", "dropped_keys", "encode_sse", "from_chat_response",
+__all__ = ["DialectError", "StreamTranslator", "check_request", "dropped_keys", "encode_sse", "from_chat_response",
            "hash_items", "to_chat_request"]
 
 TRANSLATED_KEYS = frozenset({"model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k",
                              "stop_sequences", "stream", "tools", "tool_choice", "thinking"})
 # Server tools (web search, code execution, ...) run at Anthropic; only custom tools reach a model.
 _CUSTOM_TOOL_TYPES = (None, "custom")
+# The JSON type of each translated top-level field, as the Anthropic API requires it.
+_FIELD_KINDS = {"model": "string", "max_tokens": "integer", "temperature": "number", "top_p": "number",
+                "top_k": "integer", "stream": "boolean", "stop_sequences": "array", "tools": "array",
+                "tool_choice": "object", "thinking": "object"}
+_FIELD_HINTS = {"stop_sequences": "a list of strings", "tools": "a list of tool objects",
+                "tool_choice": 'e.g. {"type": "auto"}', "thinking": 'e.g. {"type": "enabled", "budget_tokens": 1024}'}
 
 
 def dropped_keys(body: dict) -> list[str]:
@@ -64,9 +79,8 @@ def to_chat_request(body: dict) -> dict:
     """The chat-completions request for an Anthropic Messages request (see the module docstring)."""
     if not isinstance(body, dict):
         raise DialectError("the Anthropic request body must be a JSON object")
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        raise DialectError("the Anthropic request needs a 'messages' list")
+    messages = _messages(body)
+    check_fields(body, _FIELD_KINDS, _FIELD_HINTS)
     out: dict[str, Any] = {}
     if "model" in body:
         out["model"] = body["model"]
@@ -85,11 +99,13 @@ def to_chat_request(body: dict) -> dict:
         if body.get(key) is not None:
             out[key] = body[key]
     if body.get("stop_sequences"):
+        for i, stop in enumerate(body["stop_sequences"]):
+            expect(stop, "string", f"stop_sequences[{i}]")
         out["stop"] = list(body["stop_sequences"])
     if body.get("stream"):
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}  # message_delta reports output_tokens
-    tools = [_tool(t) for t in body.get("tools") or [] if _is_custom_tool(t)]
+    tools = [_tool(t) for t in expect_objects(body.get("tools") or [], "tools", "tool") if _is_custom_tool(t)]
     if tools:
         out["tools"] = tools
         if body.get("tool_choice") is not None:
@@ -102,6 +118,23 @@ def to_chat_request(body: dict) -> dict:
         # budget_tokens is not enforced upstream: vLLM 0.33 has no thinking budget.
         out["chat_template_kwargs"] = {"enable_thinking": kind != "disabled"}
     return out
+
+
+def check_request(body: dict) -> None:
+    """What the Anthropic API refuses beyond what ``to_chat_request`` cannot translate (the interceptor calls both).
+
+    ``messages: []`` translates (to a system-only chat request), but the Anthropic API answers it with
+    400 "at least one message is required", and so does the interceptor.
+    """
+    if not _messages(body):
+        raise DialectError("'messages' is empty: at least one message is required (as the Anthropic API requires)")
+
+
+def _messages(body: dict) -> list:
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise DialectError(f"'messages' must be a list of message objects, got {shown(messages)}")
+    return messages
 
 
 def system_text(system: Any) -> str | None:
@@ -124,15 +157,21 @@ def system_text(system: Any) -> str | None:
 def _blocks(content: Any, where: str) -> list[dict]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
-    if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
-        raise DialectError(f"{where}: content must be a string or a list of block objects")
+    if not isinstance(content, list):
+        raise DialectError(f"{where}: content must be a string or a list of content block objects, got "
+                           f"{shown(content)}")
+    for j, block in enumerate(content):
+        if not isinstance(block, dict):
+            raise DialectError(f"'{where}.content[{j}]' must be a content block object such as "
+                               f'{{"type": "text", "text": "..."}}, got {shown(block)}')
     return content
 
 
 def _message(message: Any, i: int) -> list[dict]:
     where = f"messages[{i}]"
     if not isinstance(message, dict):
-        raise DialectError(f"{where} must be an object")
+        raise DialectError(f"'{where}' must be a message object such as {{\"role\": \"user\", \"content\": \"...\"}}, "
+                           f"got {shown(message)}")
     role = message.get("role")
     if role == "assistant":
         return [_assistant(_blocks(message.get("content"), where), where)]
@@ -155,18 +194,20 @@ def _message(message: Any, i: int) -> list[dict]:
         else:
             rest.append(block)
     if rest:
-        out.append({"role": "user", "content": _user_content(rest, where)})
+        out.append({"role": "user", "content": _user_content(rest, where, first=len(out))})
     return out
 
 
-def _user_content(blocks: list[dict], where: str) -> str | list[dict]:
+def _user_content(blocks: list[dict], where: str, first: int = 0) -> str | list[dict]:
+    """Chat content of user/system blocks; ``first`` is the index of ``blocks[0]`` in the message's content."""
     parts: list[dict] = []
-    for block in blocks:
+    for j, block in enumerate(blocks):
         kind = block.get("type")
         if kind == "text":
             parts.append({"type": "text", "text": _text(block, where)})
         elif kind == "image":
-            parts.append({"type": "image_url", "image_url": {"url": _image_url(block, where)}})
+            url = _image_url(block, f"{where}.content[{first + j}]")
+            parts.append({"type": "image_url", "image_url": {"url": url}})
         else:
             raise DialectError(f"{where}: unsupported content block type {kind!r} (user and system messages "
                                "may hold text, image and leading tool_result blocks)")
@@ -183,7 +224,11 @@ def _text(block: dict, where: str) -> str:
 
 
 def _image_url(block: dict, where: str) -> str:
-    source = block.get("source") or {}
+    source = block.get("source")
+    if not isinstance(source, dict):
+        raise DialectError(f"'{where}.source' (an image block's source) must be an object, {{\"type\": \"base64\", "
+                           f"\"media_type\": ..., \"data\": ...}} or {{\"type\": \"url\", \"url\": ...}}, got "
+                           f"{shown(source)}")
     if source.get("type") == "base64" and isinstance(source.get("data"), str):
         return f"data:{source.get('media_type', 'image/png')};base64,{source['data']}"
     if source.get("type") == "url" and isinstance(source.get("url"), str):
@@ -268,7 +313,8 @@ def _tool(tool: dict) -> dict:
 
 
 def _tool_choice(choice: Any) -> Any:
-    kind = choice.get("type") if isinstance(choice, dict) else None
+    expect(choice, "object", "tool_choice", 'e.g. {"type": "auto"}')
+    kind = choice.get("type")
     if kind in ("auto", "none"):
         return kind
     if kind == "any":
@@ -287,13 +333,11 @@ def hash_items(body: dict) -> tuple[list[dict], Any, Any]:
     chat output items put it in a separate item that fingerprints skip). Instructions are
     ``system_text``; tools are the request's tools without ``cache_control``.
     """
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        raise DialectError("the Anthropic request needs a 'messages' list")
+    messages = _messages(body)
     items = []
-    for message in messages:
+    for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise DialectError("each Anthropic message must be an object")
+            raise DialectError(f"'messages[{i}]' must be a message object, got {shown(message)}")
         content = message.get("content")
         if isinstance(content, list):
             content = [_strip_block(b) for b in content

@@ -33,6 +33,70 @@ class DialectError(ValueError):
     """A request or upstream answer that cannot be translated faithfully (the caller answers 400/502)."""
 
 
+# -- request field checks (the caller answers 400 with the message) ------------------------
+
+_JSON_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool}
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type (object, array, string, number, boolean, null)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def is_kind(value: Any, kind: str) -> bool:
+    """Whether ``value`` is a JSON ``kind``: object, array, string, boolean, integer or number."""
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, _JSON_TYPES[kind])
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """A value for an error message: its JSON type and a short repr."""
+    if value is None or isinstance(value, bool):
+        return json_type(value) if value is None else f"boolean {str(value).lower()}"
+    text = repr(value)
+    return f"{json_type(value)} {text if len(text) <= limit else text[:limit - 3] + '...'}"
+
+
+def expect(value: Any, kind: str, where: str, hint: str = "") -> Any:
+    """``value`` when it is a JSON ``kind``; DialectError naming ``where``, the value and the fix otherwise."""
+    if not is_kind(value, kind):
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise DialectError(f"'{where}' must be {article} {kind}{f' ({hint})' if hint else ''}, got {shown(value)}")
+    return value
+
+
+def check_fields(body: dict, kinds: dict[str, str], hints: dict[str, str] | None = None) -> None:
+    """Each present, non-null top-level field of ``body`` has its JSON kind (``expect``)."""
+    for key, kind in kinds.items():
+        value = body.get(key)
+        if value is not None:
+            expect(value, kind, key, (hints or {}).get(key, ""))
+
+
+def expect_objects(value: Any, where: str, what: str) -> list:
+    """``value`` as a list whose every element is an object; else DialectError naming the first bad one."""
+    expect(value, "array", where, f"a list of {what} objects")
+    for i, element in enumerate(value):
+        if not isinstance(element, dict):
+            raise DialectError(f"'{where}[{i}]' must be an object ({what}), got {shown(element)}")
+    return value
+
+
 def encode_sse(event: str, data: dict) -> bytes:
     """One SSE event, ``event: X\\ndata: {json}\\n\\n`` (compact JSON, UTF-8)."""
     body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))

@@ -30,7 +30,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from producers.dialects.common import IMAGE_PLACEHOLDER, DialectError, encode_sse, join_text
+from producers.dialects.common import (
+    IMAGE_PLACEHOLDER,
+    DialectError,
+    check_fields,
+    encode_sse,
+    expect,
+    expect_objects,
+    join_text,
+    shown,
+)
 from producers.dialects.responses_output import from_chat_response
 from producers.dialects.responses_stream import StreamTranslator
 
@@ -47,6 +56,14 @@ _STATEFUL = {
 }
 
 
+# The JSON type of each translated top-level field, as the OpenAI Responses API requires it.
+_FIELD_KINDS = {"model": "string", "instructions": "string", "tools": "array", "max_output_tokens": "integer",
+                "temperature": "number", "top_p": "number", "stream": "boolean", "reasoning": "object",
+                "text": "object"}
+_FIELD_HINTS = {"tools": "a list of tool objects", "reasoning": 'e.g. {"effort": "low"}',
+                "text": 'e.g. {"format": {"type": "text"}}'}
+
+
 def dropped_keys(body: dict) -> list[str]:
     """Request keys ``to_chat_request`` does not send upstream (``store``, ``include``, ...)."""
     return [k for k in body if k not in TRANSLATED_KEYS]
@@ -61,14 +78,13 @@ def to_chat_request(body: dict) -> dict:
             raise DialectError(message)
     if body.get("background"):
         raise DialectError("background responses are not supported: the interceptor must see the answer")
+    check_fields(body, _FIELD_KINDS, _FIELD_HINTS)
     out: dict[str, Any] = {}
     if "model" in body:
         out["model"] = body["model"]
     messages: list[dict] = []
     instructions = body.get("instructions")
     if instructions is not None:
-        if not isinstance(instructions, str):
-            raise DialectError("'instructions' must be a string")
         messages.append({"role": "system", "content": instructions})
     messages.extend(_input_messages(input_items(body)))
     out["messages"] = messages
@@ -80,7 +96,7 @@ def to_chat_request(body: dict) -> dict:
     if body.get("stream"):
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}  # the final Response carries usage
-    tools = [_tool(t) for t in body.get("tools") or [] if _is_function_tool(t)]
+    tools = [_tool(t) for t in expect_objects(body.get("tools") or [], "tools", "tool") if _is_function_tool(t)]
     if tools:
         out["tools"] = tools
         if body.get("tool_choice") is not None:
@@ -99,8 +115,12 @@ def input_items(body: dict) -> list[dict]:
     value = body.get("input")
     if isinstance(value, str):
         return [{"type": "message", "role": "user", "content": value}]
-    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
-        raise DialectError("'input' must be a string or a list of item objects")
+    if not isinstance(value, list):
+        raise DialectError(f"'input' must be a string or a list of item objects, got {shown(value)}")
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise DialectError(f"'input[{i}]' must be an item object such as {{\"role\": \"user\", \"content\": "
+                               f"\"...\"}}, got {shown(item)}")
     return value
 
 
@@ -137,7 +157,7 @@ def _input_messages(items: list[dict]) -> list[dict]:
         kind = _kind(item)
         if kind == "reasoning":
             flush()
-            turn = {"reasoning": _reasoning_text(item), "content": None, "tool_calls": []}
+            turn = {"reasoning": _reasoning_text(item, where), "content": None, "tool_calls": []}
         elif kind == "message" and item.get("role") == "assistant":
             if turn is not None and (turn["content"] is not None or turn["tool_calls"]):
                 flush()
@@ -153,20 +173,22 @@ def _input_messages(items: list[dict]) -> list[dict]:
     return messages
 
 
-def _reasoning_text(item: dict) -> str | None:
-    texts = [p.get("text") for p in item.get("content") or []
-             if isinstance(p, dict) and p.get("type") == "reasoning_text" and isinstance(p.get("text"), str)]
+def _reasoning_text(item: dict, where: str) -> str | None:
+    content = item.get("content")
+    if content is not None:
+        expect_objects(content, f"{where}.content", "reasoning_text part")
+    texts = [p.get("text") for p in content or []
+             if p.get("type") == "reasoning_text" and isinstance(p.get("text"), str)]
     return "".join(texts) if texts else None
 
 
 def _assistant_text(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
-    if not isinstance(content, list):
-        raise DialectError(f"{where}: assistant content must be a string or a list of parts")
+    expect_objects(content, f"{where}.content", "output_text part")
     texts = []
     for part in content:
-        kind = part.get("type") if isinstance(part, dict) else None
+        kind = part.get("type")
         if kind not in ("output_text", "input_text") or not isinstance(part.get("text"), str):
             raise DialectError(f"{where}: unsupported assistant content part type {kind!r}")
         texts.append(part["text"])
@@ -201,10 +223,12 @@ def _content(content: Any, where: str) -> str | list[dict]:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise DialectError(f"{where}: content must be a string or a list of parts")
+        raise DialectError(f"'{where}.content' must be a string or a list of content part objects, got "
+                           f"{shown(content)}")
+    expect_objects(content, f"{where}.content", "content part")
     parts: list[dict] = []
     for part in content:
-        kind = part.get("type") if isinstance(part, dict) else None
+        kind = part.get("type")
         if kind in ("input_text", "output_text") and isinstance(part.get("text"), str):
             parts.append({"type": "text", "text": part["text"]})
         elif kind == "input_image" and isinstance(part.get("image_url"), str):
@@ -222,10 +246,12 @@ def _content(content: Any, where: str) -> str | list[dict]:
 
 def _output_text(output: Any, where: str) -> str:
     if not isinstance(output, list):
-        raise DialectError(f"{where}: function_call_output.output must be a string or a list of parts")
+        raise DialectError(f"'{where}.output' (function_call_output) must be a string or a list of content part "
+                           f"objects, got {shown(output)}")
+    expect_objects(output, f"{where}.output", "content part")
     texts = []
     for part in output:
-        kind = part.get("type") if isinstance(part, dict) else None
+        kind = part.get("type")
         if kind in ("input_text", "output_text") and isinstance(part.get("text"), str):
             texts.append(part["text"])
         elif kind == "input_image":
@@ -261,7 +287,9 @@ def _tool_choice(choice: Any) -> Any:
 
 def _response_format(text: Any) -> dict | None:
     fmt = text.get("format") if isinstance(text, dict) else None
-    if not isinstance(fmt, dict) or fmt.get("type") in (None, "text"):
+    if fmt is not None:
+        expect(fmt, "object", "text.format", 'e.g. {"type": "json_schema", "name": ..., "schema": ...}')
+    if fmt is None or fmt.get("type") in (None, "text"):
         return None
     if fmt["type"] == "json_object":
         return {"type": "json_object"}

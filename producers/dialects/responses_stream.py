@@ -17,7 +17,10 @@ against OpenAI).
 Guarantees:
 
 * Every event carries ``type`` and a ``sequence_number`` counting from 0, the terminal one
-  included. ``feed`` never returns the terminal event; ``finish`` returns the closing
+  included. An ``error`` event that ends the stream instead (``error_event``) continues the
+  numbering of the events the client got: those of every ``feed`` that returned, not those
+  of a ``finish`` whose events were never sent.
+* ``feed`` never returns the terminal event; ``finish`` returns the closing
   events and, separately, the terminal event, which the interceptor sends only once the
   capture is durable. Its ``response`` is the full Response (``responses_output``) whose
   output items equal the ``output_item.done`` items, with the same deterministic ids a
@@ -54,6 +57,7 @@ class StreamTranslator:
         self.response_id, self.model, self.request = response_id, model, request
         self.reader = ChunkReader()
         self.sequence = 0
+        self.sent = 0  # events handed out by feed calls that returned (the client has them)
         self.started = False
         self.finished = False
         self.output: list[dict] = []  # done items
@@ -80,7 +84,16 @@ class StreamTranslator:
                 self.open["text"] += op[2]
                 events.append(self._event("response.function_call_arguments.delta", item_id=self.open["id"],
                                           output_index=self.open["index"], delta=op[2]))
+        self.sent = self.sequence
         return events
+
+    def error_event(self, code: str, message: str) -> Event:
+        """The ``error`` event that ends the stream instead of the terminal one, numbered after what was sent."""
+        self.finished = True
+        self.sequence = self.sent
+        event = self._event("error", code=code, message=message, param=None)
+        self.sent = self.sequence
+        return event
 
     def finish(self) -> tuple[list[Event], Event]:
         """(closing events, terminal ``response.completed`` / ``response.incomplete``)."""
