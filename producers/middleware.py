@@ -117,7 +117,9 @@ class TokentrailMiddleware:
             await _unavailable(path, f"tokentrail capture could not start: {exc}")(scope, receive, send)
             return
         inner = {**scope, "path": "/metrics" if path == _METRICS else path, "root_path": ""}
-        inner["raw_path"] = inner["path"].encode()
+        # The raw path, percent-encoding kept, is what rollout ids are checked against (a%2Fb is
+        # not a/b); only the server's root_path comes off, as it does from the decoded path.
+        inner["raw_path"] = b"/metrics" if path == _METRICS else _route_raw_path(scope)
         await self.interceptor(inner, receive, send)
 
     def _remember(self, scope: Scope) -> None:
@@ -192,6 +194,15 @@ def _route_path(scope: Scope) -> str:
     if root and path.startswith(root) and path[len(root):len(root) + 1] in ("", "/"):
         return path[len(root):] or "/"
     return path
+
+
+def _route_raw_path(scope: Scope) -> bytes:
+    """``raw_path`` without the server's root_path; rebuilt from ``path`` when the server gave none."""
+    raw = scope.get("raw_path") or scope.get("path", "").encode()
+    root = scope.get("root_path", "").encode()
+    if root and raw.startswith(root) and raw[len(root):len(root) + 1] in (b"", b"/"):
+        return raw[len(root):] or b"/"
+    return raw
 
 
 def _unavailable(path: str, message: str) -> Any:

@@ -298,3 +298,17 @@ async def test_an_engine_that_raises_mid_stream_interrupts_the_capture(publisher
     assert isinstance(marker, CallIncomplete) and marker.reason == "stream_interrupted"
     assert "engine core died" in marker.detail
     await app.interceptor.shutdown()
+
+
+async def test_in_engine_rollout_ids_are_checked_on_the_raw_path(publisher):
+    from tests.unit.producers.raw_asgi import call
+
+    app, _ = _vllm_like()
+    app.add_middleware(TokentrailMiddleware, settings=SETTINGS, publisher=publisher)
+    body = json.dumps({"model": "tokentrail-policy", "messages": [{"role": "user", "content": "x"}]}).encode()
+    bad = await call(app, "POST", b"/ng-rollout/a%2Fb/training-token-capture/v1/chat/completions", body=body)
+    assert bad.status == 400 and "rollout" in bad.body.decode().lower()
+    good = await call(app, "POST", b"/ng-rollout/mw-raw/training-token-capture/v1/chat/completions", body=body)
+    assert good.status == 200, good.body
+    assert not [e for e in publisher.events if e.rollout_id in ("a", "a/b")]
+    await _middleware_of(app).interceptor.shutdown()
