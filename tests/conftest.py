@@ -77,6 +77,12 @@ def _real_broker_gate(request: pytest.FixtureRequest) -> None:
                     f"({broker.detail})")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The real-vLLM tier runs last, as a block: its session engine (two processes on 2 cores)
+    # then never competes with the timing-sensitive processor and broker tests.
+    items.sort(key=lambda item: item.get_closest_marker("vllm") is not None)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     broker: KafkaBroker | None = _SESSION["broker"]
     if broker is None:
