@@ -139,7 +139,9 @@ class EventLog:
         try:
             low, high = self._consumer.get_watermark_offsets(tp, timeout=self.timeout_s, cached=False)
             start = low if from_offset is None else max(low, from_offset)
-            if from_time_ms is not None:
+            if from_time_ms is not None and from_time_ms > 0:
+                # Kafka reads timestamps -1 / -2 as "latest" / "earliest": a bound at or before the epoch
+                # means "from the beginning" and is not sent. A time after the last record finds -1: none.
                 (found,) = self._consumer.offsets_for_times(
                     [confluent_kafka.TopicPartition(self.topic, partition, from_time_ms)], timeout=self.timeout_s)
                 start = max(start, found.offset if found.offset >= 0 else high)

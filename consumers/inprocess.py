@@ -13,8 +13,13 @@ rollout's result payload (``group_key="group_id"``, ``group_size="group_size"``
 name keys of the finish result) or from callables; ``group_size`` may also be a
 constant. A rollout without a group key is yielded as a group of one. Groups are
 yielded in completion order, members sorted by rollout id; a redelivered member
-replaces the version it had. Rollouts of one group must reach this process:
-run one consumer (or route a group's snapshots to one partition), and keep
+replaces the version it had. A rollout whose group cannot be told (its group
+size is not a positive integer, a key or size callable raised) is yielded
+alone, masked with ``invalid_group`` naming the value and the setting: a
+record's content never stops the stream. Every rollout passes
+``consumers.rebuild.validity.checked_record`` first, so the trainer gets what
+the JSONL sink would write. Rollouts of one group must reach this process: run
+one consumer (or route a group's snapshots to one partition), and keep
 ``max_buffered`` above the rollouts of all groups open at once (the consumer
 keeps that many deliveries in flight).
 
@@ -30,17 +35,22 @@ an error (a failed retire, ``MaskFractionExceeded``), the iteration raises it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+from consumers.rebuild.validity import checked_record
 from schemas.errors import ConfigError
-from schemas.records import RebuiltRollout
+from schemas.records import MaskReason, RebuiltRollout
 
 if TYPE_CHECKING:
     from consumers.settings import ConsumerSettings
+
+log = logging.getLogger("tokentrail.consumer.inprocess")
 
 _CLOSED = object()
 _ACKED_MEMORY = 100_000
@@ -75,6 +85,7 @@ class RolloutStream:
 
     # -- TrainerSink ------------------------------------------------------------------
     async def deliver(self, rollout: RebuiltRollout) -> None:
+        rollout = checked_record(rollout)  # the trainer gets what the JSONL sink would write
         identity = (rollout.snapshot_id, rollout.version)
         if identity in self._acked:
             return
@@ -135,7 +146,16 @@ class RolloutStream:
         if self._group_key is None:
             self._queue.put_nowait(rollout)
             return
-        key = self._key_of(rollout)
+        try:
+            key = self._key_of(rollout)
+            size = None if key is None else self._size_of(rollout)
+        except Exception as exc:  # fail closed: this rollout alone, masked; the stream goes on
+            log.warning("rollout %s: %s; yielded alone, masked (invalid_group)", rollout.rollout_id, exc)
+            reason = MaskReason(code="invalid_group", detail=f"{exc}; yielded as a group of one. Fix the finish "
+                                "result (or the group_key / group_size settings of the RolloutStream)")
+            self._queue.put_nowait([dataclasses.replace(rollout, mask_sample=True,
+                                                        mask_reasons=[*rollout.mask_reasons, reason])])
+            return
         if key is None:
             self._queue.put_nowait([rollout])
             return
@@ -147,13 +167,15 @@ class RolloutStream:
             if old is not None and not old.done():
                 old.set_result(None)
         members[rollout.rollout_id] = rollout
-        if len(members) >= self._size_of(rollout):
+        if len(members) >= size:
             del self._groups[key]
             self._queue.put_nowait([members[rid] for rid in sorted(members)])
 
     def _key_of(self, rollout: RebuiltRollout) -> Hashable | None:
         if callable(self._group_key):
-            return self._group_key(rollout)
+            key = self._group_key(rollout)
+            hash(key)  # an unhashable key is this rollout's problem, not the stream's
+            return key
         value = _result(rollout).get(self._group_key)
         return json.dumps(value, sort_keys=True) if value is not None else None
 
@@ -165,7 +187,8 @@ class RolloutStream:
             size = _result(rollout).get(size)
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ConfigError(f"rollout {rollout.rollout_id}: group size {size!r} is not a positive integer "
-                              f"(group_size={self._group_size!r})")
+                              f"(group_size={self._group_size!r}; the finish result must carry it as an integer "
+                              ">= 1)")
         return size
 
     @property

@@ -8,8 +8,13 @@ consumer crash the same rollout can be produced again (at-least-once); within
 one process a repeated delivery is skipped.
 
 A record larger than the topic's limit (the projection grows with calls x
-tokens) is sent without its projection, with a warning; the compact trajectory
-is always there. A record still too large fails ``deliver`` with the size.
+tokens) is sent without its projection, with a warning. A record still too
+large is sent masked (``record_too_large``, naming the size, the limit and the
+fix) without its trajectory and detail (and, if that is not enough, without its
+result, quoted by size): the evidence stays on rollout-events, where replay
+rebuilds it, and the consumer goes on. A record's content never stops the sink:
+every record passes ``consumers.rebuild.validity.checked_record`` first (a
+result that is not JSON, a non-finite number: masked with the reason).
 
 ``AckedProducer`` (also used by the NeMo Gym adapters) is confluent-kafka's
 synchronous ``Producer`` plus a poll thread that resolves asyncio futures
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import threading
 from collections import OrderedDict
@@ -30,9 +36,10 @@ from typing import Any
 
 import confluent_kafka
 
+from consumers.rebuild.validity import checked_record
 from schemas.codec import encode_rebuilt
 from schemas.errors import TransportError
-from schemas.records import RebuiltRollout
+from schemas.records import MaskReason, RebuiltRollout
 from schemas.topics import MAX_MESSAGE_BYTES, PRODUCER_PARTITIONER, REBUILT, key_for
 
 log = logging.getLogger("tokentrail.consumer.kafka_sink")
@@ -56,6 +63,7 @@ class KafkaSink:
         self.max_message_bytes = max_message_bytes
         self._limit = max_message_bytes - _HEADROOM
         self.projections_dropped = 0
+        self.records_shrunk = 0
         self._recent: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._producer = AckedProducer(bootstrap, delivery_timeout_s=delivery_timeout_s,
                                        max_message_bytes=max_message_bytes)
@@ -70,6 +78,7 @@ class KafkaSink:
             self._recent.popitem(last=False)
 
     def _encode(self, rollout: RebuiltRollout) -> bytes:
+        rollout = checked_record(rollout)
         if not self.include_response and rollout.response_json is not None:
             rollout = dataclasses.replace(rollout, response_json=None)
         data = encode_rebuilt(rollout)
@@ -77,10 +86,35 @@ class KafkaSink:
             log.warning("rollout %s: %d bytes with its projection, over %d; sent without the projection",
                         rollout.rollout_id, len(data), self._limit)
             self.projections_dropped += 1
-            data = encode_rebuilt(dataclasses.replace(rollout, response_json=None))
+            rollout = dataclasses.replace(rollout, response_json=None)
+            data = encode_rebuilt(rollout)
         if len(data) > self._limit:
-            raise TransportError(f"rollout {rollout.rollout_id} encodes to {len(data)} bytes, over the "
-                                 f"{self._limit}-byte limit of {self.topic}")
+            data = self._too_large(rollout, len(data))
+        return data
+
+    def _too_large(self, rollout: RebuiltRollout, size: int) -> bytes:
+        """The record masked and shrunk to fit the topic (the log keeps the evidence); raises only if nothing fits."""
+        reason = MaskReason(
+            code="record_too_large",
+            detail=(f"the rebuilt record is {size} bytes without its projection, over the {self._limit}-byte limit "
+                    f"of {self.topic} (max_message_bytes={self.max_message_bytes} less headroom); sent without its "
+                    "trajectory and detail. Raise max.message.bytes on the topic and max_message_bytes of the sink, "
+                    "or use the JSONL sink; `tokentrail replay --rollout` rebuilds it from rollout-events."),
+        )
+        metrics = dataclasses.replace(rollout.metrics, detail_json="{}")
+        shrunk = dataclasses.replace(rollout, mask_sample=True, mask_reasons=[*rollout.mask_reasons, reason],
+                                     trajectory=None, response_json=None, metrics=metrics)
+        data = encode_rebuilt(shrunk)
+        if len(data) > self._limit:
+            shrunk = dataclasses.replace(shrunk, result_json=json.dumps(
+                f"withheld: the result is {len(rollout.result_json)} characters, over what {self.topic} holds"))
+            data = encode_rebuilt(shrunk)
+        if len(data) > self._limit:
+            raise TransportError(f"rollout {rollout.rollout_id} encodes to {len(data)} bytes even without its "
+                                 f"trajectory, detail and result, over the {self._limit}-byte limit of {self.topic}")
+        log.warning("rollout %s: %d bytes without the projection, over %d; sent masked (record_too_large)",
+                    rollout.rollout_id, size, self._limit)
+        self.records_shrunk += 1
         return data
 
     async def close(self) -> None:

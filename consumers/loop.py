@@ -44,7 +44,7 @@ from consumers.rebuild import rebuild
 from consumers.settings import ConsumerSettings
 from consumers.sinks import TrainerSink
 from schemas.codec import decode_snapshot, encode_event
-from schemas.errors import CodecError, TokentrailError, TransportError
+from schemas.errors import ContractError, TokentrailError, TransportError
 from schemas.ids import new_event_id
 from schemas.records import RebuiltRollout, RetireRequested, RolloutEvent
 from schemas.topics import MAX_MESSAGE_BYTES, PRODUCER_PARTITIONER, key_for, wait_for_topics
@@ -246,7 +246,7 @@ class RebuildConsumer:
         self._offsets.start(tp, msg.offset())
         try:
             snapshot = decode_snapshot(msg.value())
-        except CodecError as exc:
+        except ContractError as exc:  # undecodable, or a record that breaks a contract check: dead letter
             await self._in_thread(self._deadletter, msg, type(exc).__name__, str(exc))
             self.stats.deadletters += 1
             await self._done(msg)

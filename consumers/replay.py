@@ -50,8 +50,9 @@ def parse_bound(text: str | None, *, now: float | None = None) -> Bound:
             raise ConfigError(f"bound {text!r}: an offset bound is offset:<integer>") from None
     relative = _RELATIVE.match(text)
     if relative:
-        ago = float(relative.group(1)) * _UNITS[relative.group(2)]
-        return Bound(time_ms=int(((now or time.time()) - ago) * 1000))
+        # ``now=0.0`` is a valid "now" (the epoch), not "no now": test for None, never for falsiness.
+        ago = parse_duration(text)
+        return Bound(time_ms=int(((time.time() if now is None else now) - ago) * 1000))
     try:
         return Bound(time_ms=int(float(text) * 1000))
     except ValueError:
@@ -66,6 +67,20 @@ def parse_bound(text: str | None, *, now: float | None = None) -> Bound:
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=timezone.utc)
     return Bound(time_ms=int(parsed.timestamp() * 1000))
+
+
+def parse_duration(text: str, *, name: str = "duration") -> float:
+    """``90m`` / ``2h`` / ``1d`` / ``30s`` (or plain seconds) as seconds; ``ConfigError`` naming ``name`` otherwise."""
+    relative = _RELATIVE.match(text.strip()) if isinstance(text, str) else None
+    if relative:
+        return float(relative.group(1)) * _UNITS[relative.group(2)]
+    try:
+        seconds = float(text)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ConfigError(f"{name} {text!r}: use a duration such as 30m, 2h, 1d or 45s (a number of seconds >= 0)")
+    return seconds
 
 
 @dataclass(slots=True)

@@ -124,7 +124,7 @@ def _rollouts(args, since, until, new_rules) -> int:
 def _summary(args, since, until, new_rules) -> int:
     from consumers.eventlog import EventLog
     from consumers.rebuild import RebuildRules
-    from consumers.replay import parse_bound
+    from consumers.replay import parse_duration
     from consumers.report_html import render_html
     from consumers.summary import render_text, summarize
     from schemas.topics import topic_names
@@ -132,12 +132,12 @@ def _summary(args, since, until, new_rules) -> int:
     if since.offset is not None or until.offset is not None:
         print("tokentrail replay: --summary takes times, not offsets", file=sys.stderr)
         return 2
-    lookback = parse_bound(args.lookback, now=0.0)  # "1h" ago from the epoch: -3600 s
+    lookback_s = parse_duration(args.lookback, name="--lookback")
     rules = new_rules or RebuildRules(project_response=False)
     log = EventLog(args.bootstrap, topic_names(args.topic_prefix).rollout_events)
     try:
         data = summarize(log, since_ms=since.time_ms, until_ms=until.time_ms,
-                         lookback_ms=-int(lookback.time_ms or 0), rules=rules).to_dict()
+                         lookback_ms=int(lookback_s * 1000), rules=rules).to_dict()
     finally:
         log.close()
     if args.html is not None:

@@ -13,9 +13,12 @@ Masking (``delivery_mode="terminal"``): capture incomplete; late writes (rule);
 no calls; all calls side calls; no generated tokens; no terminal attributable
 (declared call missing/empty/side, ambiguous fork, no allowed method); an
 unresolved parent boundary inside the delivered ancestry; the terminal is an
-unresolved retry; a build error. Other roots, chains, boundaries and retries are
-reported in the metrics, never a reason by themselves. ``delivery_mode="gym"``
-adds NeMo Gym's rules: roots != 1, chains != 1, any unresolved parent or retry.
+unresolved retry; a build error (``non_finite_log_prob`` / ``non_finite_value``
+when captured numbers are NaN or infinite); a result that is not strict JSON
+(``invalid_result``, see ``validity.checked_record``). Other roots, chains,
+boundaries and retries are reported in the metrics, never a reason by
+themselves. ``delivery_mode="gym"`` adds NeMo Gym's rules: roots != 1,
+chains != 1, any unresolved parent or retry.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from consumers.rebuild.report import empty_metrics, metrics
 from consumers.rebuild.rules import RebuildRules
 from consumers.rebuild.sidecalls import classify_side_calls
 from consumers.rebuild.terminal import Attribution, attribute_by_evidence, attribute_by_heuristic
-from consumers.rebuild.trajectory import chain_trajectory
+from consumers.rebuild.trajectory import ChainError, chain_trajectory
+from consumers.rebuild.validity import checked_record
 from schemas.records import CallCaptured, CaptureMetrics, MaskReason, RebuiltRollout, Snapshot, Trajectory
 
 _DEFAULT_RULES = RebuildRules()
@@ -93,7 +97,8 @@ def _rebuild(snapshot: Snapshot, rules: RebuildRules, reasons: list[MaskReason])
         except Exception as exc:  # ChainError, or a malformed record: the chain is not deliverable
             error = f"{type(exc).__name__}: {exc}"
             trajectory, response = None, None
-            reasons.append(MaskReason(code="build_error", detail=error, call_ids=[n.call_id for n in delivered]))
+            code = exc.code if isinstance(exc, ChainError) else "build_error"
+            reasons.append(MaskReason(code=code, detail=error, call_ids=[n.call_id for n in delivered]))
     m = metrics(snapshot, forest, all_chains, delivered, attribution, unresolved_retries, trajectory, error)
     if error is None and not forest.live:
         m = _with_error(m, reasons[-1].detail if reasons else None)
@@ -184,7 +189,9 @@ def _with_error(m: CaptureMetrics, error: str | None) -> CaptureMetrics:
 
 def _record(snapshot: Snapshot, reasons: list[MaskReason], trajectory: Trajectory | None, response: str | None,
             metrics_: CaptureMetrics) -> RebuiltRollout:
-    return RebuiltRollout(
+    # The result is the finisher's opaque text: a result that is not strict JSON masks (invalid_result),
+    # kept as a string, so that no sink can be stopped by it.
+    return checked_record(RebuiltRollout(
         rollout_id=snapshot.rollout_id,
         snapshot_id=snapshot.snapshot_id,
         version=snapshot.version,
@@ -194,4 +201,4 @@ def _record(snapshot: Snapshot, reasons: list[MaskReason], trajectory: Trajector
         response_json=response,
         result_json=snapshot.finished.result_json,
         metrics=metrics_,
-    )
+    ))

@@ -4,6 +4,11 @@
 response, result, _ng_token_capture}``. ``mask_sample`` is always present (a
 trainer never has to infer health from a missing key). ``_ng_token_capture``
 holds the metrics and, merged in, the lists of ``detail_json``.
+
+Both renderers pass the record through ``validity.checked_record`` first, so
+the output is always strict JSON (no NaN, no Infinity) and a record whose
+result, projection or metrics cannot be rendered comes out masked with the
+reason, never as an exception: a record's content cannot stop a sink.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from consumers.rebuild.validity import checked_record
 from schemas.records import RebuiltRollout
 
 _RESPONSE_SLOT = '"response":null'
@@ -18,6 +24,7 @@ _RESPONSE_SLOT = '"response":null'
 
 def to_json_dict(rollout: RebuiltRollout, *, include_response: bool = True) -> dict[str, Any]:
     """The record as a JSON-ready dict (parses the projection; see ``to_json_line`` for the fast path)."""
+    rollout = checked_record(rollout)
     out = _skeleton(rollout)
     if include_response and rollout.response_json:
         out["response"] = json.loads(rollout.response_json)
@@ -30,11 +37,14 @@ def to_json_line(rollout: RebuiltRollout, *, include_response: bool = True) -> b
     The projection is spliced in as the text it already is, never parsed and
     re-serialised (it is calls x tokens).
     """
-    text = json.dumps(_skeleton(rollout), separators=(",", ":"), ensure_ascii=False)
+    rollout = checked_record(rollout)
+    text = json.dumps(_skeleton(rollout), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     if include_response and rollout.response_json:
         # The first occurrence is the key itself: no earlier value can contain an unescaped quote.
         text = text.replace(_RESPONSE_SLOT, '"response":' + rollout.response_json, 1)
-    return text.encode() + b"\n"
+    # A lone surrogate (only a record built in Python can hold one) has no UTF-8 form: it is written as
+    # its \\uXXXX escape, which reads back as the same character (here a backslash only starts escapes).
+    return text.encode("utf-8", "backslashreplace") + b"\n"
 
 
 def _skeleton(rollout: RebuiltRollout) -> dict[str, Any]:

@@ -23,7 +23,8 @@ import json
 from typing import Any
 
 from consumers.rebuild.links import Node
-from consumers.rebuild.trajectory import ChainError
+from consumers.rebuild.trajectory import ChainError, NonFiniteValue
+from consumers.rebuild.validity import InvalidJson, NonFiniteJson, strict_loads
 
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs", "routed_experts")
 _SYNTHESIZED = {"type": "message", "role": "assistant", "content": []}
@@ -46,10 +47,16 @@ def project_response_json(chain: list[Node], rollout_id: str) -> str:
         generation_text = _ids(generation)
         tail_fields = (
             f'],"generation_token_ids":[{generation_text}],"generation_log_probs":'
-            + json.dumps(node.call.generation_log_probs, separators=(",", ":"))
+            + json.dumps(node.call.generation_log_probs, separators=(",", ":"), allow_nan=False)
         )
         if node.call.routed_experts_json is not None:
-            tail_fields += ',"routed_experts":' + _dumps(json.loads(node.call.routed_experts_json))
+            try:
+                routed = strict_loads(node.call.routed_experts_json)
+            except InvalidJson as exc:
+                error = NonFiniteValue if isinstance(exc, NonFiniteJson) else ChainError
+                raise error(f"call {node.call_id}: routed_experts_json is not valid JSON ({exc}); "
+                            "fix the capture of routed experts (strict JSON, finite numbers only)") from None
+            tail_fields += ',"routed_experts":' + _dumps(routed)
         for position, item in enumerate(items):
             if not first_item:
                 parts.append(",")
@@ -79,9 +86,11 @@ def project_response(chain: list[Node], rollout_id: str) -> dict[str, Any]:
 def carrier_of(node: Node) -> tuple[list[Any], int]:
     """The call's output items (as captured) and the index of the item that carries its tokens."""
     try:
-        items = json.loads(node.call.output_items_json)
-    except ValueError as exc:
-        raise ChainError(f"call {node.call_id}: output items are not JSON ({exc})") from exc
+        items = strict_loads(node.call.output_items_json)
+    except InvalidJson as exc:
+        error = NonFiniteValue if isinstance(exc, NonFiniteJson) else ChainError
+        raise error(f"call {node.call_id}: output_items_json is not valid JSON ({exc}); fix the capture "
+                    "of the call's output items (strict JSON, finite numbers only)") from None
     if not isinstance(items, list):
         raise ChainError(f"call {node.call_id}: output items must be a JSON list")
     if not items:
@@ -128,4 +137,4 @@ def _extend(running: list[str], ids: list[int], length: int, text: str | None = 
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

@@ -11,6 +11,7 @@ are exactly the tokens the engine saw (one hash per rollout, not per call).
 from __future__ import annotations
 
 from consumers.rebuild.links import Node
+from consumers.rebuild.validity import first_non_finite
 from schemas.errors import ContractError
 from schemas.hashing import compute_digest
 from schemas.records import CallSpan, Trajectory
@@ -18,6 +19,20 @@ from schemas.records import CallSpan, Trajectory
 
 class ChainError(ContractError):
     """A chain cannot be delivered token-exact (length, digest, log-prob or contiguity violation)."""
+
+    code = "build_error"  # the mask reason it becomes
+
+
+class NonFiniteLogProb(ChainError):
+    """A generated token's log-prob is NaN or infinite: not the policy's log-prob, and not JSON."""
+
+    code = "non_finite_log_prob"
+
+
+class NonFiniteValue(ChainError):
+    """Captured output (items, routed experts) holds a NaN or infinite number, or is not JSON."""
+
+    code = "non_finite_value"
 
 
 def chain_trajectory(chain: list[Node]) -> Trajectory:
@@ -34,6 +49,12 @@ def chain_trajectory(chain: list[Node]) -> Trajectory:
             raise ChainError(
                 f"call {node.call_id}: {len(call.generation_log_probs)} log-probs for "
                 f"{len(call.generation_token_ids)} generated tokens; one per token is required"
+            )
+        bad = first_non_finite(call.generation_log_probs)
+        if bad is not None:
+            raise NonFiniteLogProb(
+                f"call {node.call_id}: generation_log_probs[{bad[0]}] = {bad[1]!r} is not a finite number; "
+                "fix the capture: every generated token needs the finite log-prob the engine sampled it with"
             )
         start = len(token_ids)
         token_ids += node.delta

@@ -88,7 +88,14 @@ def test_grouping_settings_are_checked():
         RolloutStream(group_key="g", group_size=0)
 
 
-async def test_a_bad_group_size_fails_the_delivery_with_a_clear_message():
+async def test_a_bad_group_size_masks_that_rollout_alone_with_a_clear_message():
+    # A record's content never stops the stream (it used to raise, stopping the consumer for good).
     stream = RolloutStream(group_key="g", group_size="n")
-    with pytest.raises(ConfigError, match="not a positive integer"):
-        await stream.deliver(rollout("a", g=1, n="two"))
+    delivery = asyncio.create_task(stream.deliver(rollout("a", g=1, n="two")))
+    (got,) = await asyncio.wait_for(stream.__anext__(), 1)
+    assert got.rollout_id == "a" and got.mask_sample
+    (reason,) = got.mask_reasons
+    assert reason.code == "invalid_group" and "'two'" in reason.detail and "not a positive integer" in reason.detail
+    assert "group_size='n'" in reason.detail
+    stream.ack()
+    await asyncio.wait_for(delivery, 1)

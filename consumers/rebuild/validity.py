@@ -1,0 +1,205 @@
+"""Every delivered record renders as strict JSON; what cannot is masked, never guessed (pure).
+
+A rebuilt record carries text that came from outside the rebuild: the rollout
+result (``RolloutFinished.result_json``, opaque JSON from whoever finished the
+rollout: the finish API, a Gym adapter, a direct event, a buggy finisher), the
+captured output items and routed experts (inside the projection), and
+log-probs. Python's ``json`` reads and writes ``NaN`` / ``Infinity`` (and reads
+``1e999`` as infinity) by default, which is not JSON, and a result that is not
+JSON at all would stop any sink that parses it, on every restart.
+
+``checked_record(rollout)`` returns the record unchanged when every part of it
+is valid, and otherwise a copy that is masked with a reason per problem:
+
+- ``invalid_result``: the result is not JSON, or holds a non-finite number (a
+  ``NaN`` reward is no reward). The raw text is kept, as a JSON string, in
+  ``result``: nothing a producer sent is dropped, and nothing is guessed.
+- ``non_finite_log_prob``: a delivered log-prob is NaN or infinite; the
+  trajectory and the projection (which repeats the log-probs) are withheld.
+- ``non_finite_value``: the projection or a metric holds a non-finite number
+  (the projection is withheld; a metric is reported as 0.0).
+- ``invalid_record``: the projection is not a JSON object (withheld), or the
+  metrics' detail is not one (kept as a string).
+
+``rebuild`` applies it to everything it returns, and every built-in sink
+applies it again before writing (a no-op for a record that came from
+``rebuild``), so no record's content can make a sink write non-JSON or raise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+from schemas.records import CaptureMetrics, MaskReason, RebuiltRollout, Trajectory
+
+_QUOTE = 120  # characters of an offending text quoted in a mask reason
+_METRIC_FLOATS = ("delivered_fraction", "quarantined_fraction")
+
+
+class InvalidJson(ValueError):
+    """Text that is not strict JSON (RFC 8259: no NaN, no Infinity, no number that overflows a double)."""
+
+
+class NonFiniteJson(InvalidJson):
+    """JSON-like text holding NaN, Infinity or a number that overflows a double."""
+
+
+def _constant(name: str) -> Any:
+    raise NonFiniteJson(f"non-finite number {name} (JSON has no NaN or Infinity)")
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise NonFiniteJson(f"number {text} overflows a double (it would be written as {value})")
+    return value
+
+
+def strict_loads(text: str) -> Any:
+    """``json.loads`` that refuses NaN, Infinity and overflowing numbers, raising ``InvalidJson`` with the reason."""
+    if not isinstance(text, str):
+        raise InvalidJson(f"expected JSON text, got {type(text).__name__}")
+    try:
+        return json.loads(text, parse_constant=_constant, parse_float=_float)
+    except InvalidJson:
+        raise
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError names the line and column
+        raise InvalidJson(str(exc) or type(exc).__name__) from None
+
+
+def quote(text: str) -> str:
+    """A short, printable quotation of ``text`` for a mask reason."""
+    shown = text if len(text) <= _QUOTE else text[:_QUOTE] + "..."
+    return json.dumps(shown, ensure_ascii=True) + (f" ({len(text)} characters)" if len(text) > _QUOTE else "")
+
+
+def first_non_finite(values: list[float]) -> tuple[int, float] | None:
+    """Index and value of the first NaN or infinite number (a finite sum proves there is none)."""
+    try:
+        if math.isfinite(sum(values)):
+            return None
+    except TypeError:
+        pass
+    for index, value in enumerate(values):
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            return index, value
+    return None  # only the sum overflowed
+
+
+def result_problem(result_json: Any) -> str | None:
+    """Why the rollout result is not strict JSON, or None."""
+    try:
+        strict_loads(result_json)
+    except InvalidJson as exc:
+        return str(exc)
+    return None
+
+
+def checked_record(rollout: RebuiltRollout) -> RebuiltRollout:
+    """The record, or a masked copy of it whose every part renders as strict JSON (see the module docstring)."""
+    reasons: list[MaskReason] = []
+    changes: dict[str, Any] = {}
+
+    result = rollout.result_json
+    why = result_problem(result)
+    if why is not None:
+        raw = result if isinstance(result, str) else repr(result)
+        reasons.append(MaskReason(
+            code="invalid_result",
+            detail=(f"result_json (the RolloutFinished result) is not valid JSON: {why}; value {quote(raw)}. "
+                    "It is kept as a JSON string in `result`. Fix the finisher: send the result as a JSON value "
+                    "with finite numbers only (producers.finish.finish_rollout / `tokentrail finish --result`)."),
+        ))
+        changes["result_json"] = json.dumps(raw, ensure_ascii=False)
+
+    trajectory = rollout.trajectory
+    if trajectory is not None:
+        bad = first_non_finite(trajectory.log_probs)
+        if bad is not None:
+            index, value = bad
+            call = _call_of_log_prob(trajectory, index)
+            reasons.append(MaskReason(
+                code="non_finite_log_prob",
+                detail=(f"trajectory log_probs[{index}] = {value!r} (call {call}) is not a finite number; the "
+                        "trajectory and the projection are withheld. Fix the capture: every generated token needs "
+                        "the finite log-prob the engine sampled it with."),
+                call_ids=[call] if call else [],
+            ))
+            changes["trajectory"] = None
+            changes["response_json"] = None
+
+    response = changes.get("response_json", rollout.response_json)
+    if response is not None:
+        problem = _response_problem(response)
+        if problem is not None:
+            code, why = problem
+            reasons.append(MaskReason(
+                code=code,
+                detail=f"response_json (the Responses projection) is not valid JSON: {why}; the projection is "
+                       "withheld. Fix the capture of the calls' output items (strict JSON, finite numbers only).",
+            ))
+            changes["response_json"] = None
+
+    metrics, metric_reasons = _checked_metrics(rollout.metrics)
+    if metric_reasons:
+        reasons += metric_reasons
+        changes["metrics"] = metrics
+
+    if not reasons:
+        return rollout
+    return dataclasses.replace(rollout, mask_sample=True, mask_reasons=[*rollout.mask_reasons, *reasons], **changes)
+
+
+def _response_problem(response: Any) -> tuple[str, str] | None:
+    if not isinstance(response, str):
+        return "invalid_record", f"expected JSON text, got {type(response).__name__}"
+    stripped = response.strip()
+    if not (stripped.startswith("{") and stripped.endswith("}")):
+        return "invalid_record", f"not a JSON object: {quote(response)}"
+    # NaN and Infinity can only be written as those words: only a projection that holds one of them
+    # somewhere (a string may, legitimately) is parsed; the projection is calls x tokens.
+    if "NaN" in response or "Infinity" in response:
+        try:
+            strict_loads(response)
+        except NonFiniteJson as exc:
+            return "non_finite_value", str(exc)
+        except InvalidJson as exc:
+            return "invalid_record", str(exc)
+    return None
+
+
+def _checked_metrics(m: CaptureMetrics) -> tuple[CaptureMetrics, list[MaskReason]]:
+    reasons: list[MaskReason] = []
+    changes: dict[str, Any] = {}
+    for name in _METRIC_FLOATS:
+        value = getattr(m, name)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            reasons.append(MaskReason(code="non_finite_value",
+                                      detail=f"metric {name} = {value!r} is not a finite number; reported as 0.0"))
+            changes[name] = 0.0
+    try:
+        detail = strict_loads(m.detail_json)
+        problem = None if isinstance(detail, dict) else f"a JSON {type(detail).__name__}, not an object"
+    except InvalidJson as exc:
+        problem = str(exc)
+    if problem is not None:
+        raw = m.detail_json if isinstance(m.detail_json, str) else repr(m.detail_json)
+        reasons.append(MaskReason(code="invalid_record",
+                                  detail=f"metrics detail_json is not a JSON object ({problem}); value {quote(raw)}; "
+                                         "kept as a string under invalid_detail_json"))
+        changes["detail_json"] = json.dumps({"invalid_detail_json": raw}, ensure_ascii=False)
+    return (dataclasses.replace(m, **changes) if changes else m), reasons
+
+
+def _call_of_log_prob(trajectory: Trajectory, index: int) -> str | None:
+    """The call whose generated tokens hold the ``index``-th log-prob."""
+    seen = 0
+    for span in trajectory.spans:
+        generated = span.end - span.generation_start
+        if index < seen + generated:
+            return span.model_call_id
+        seen += generated
+    return None
