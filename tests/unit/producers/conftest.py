@@ -106,6 +106,17 @@ async def interceptor(publisher, upstream):
 
 
 @pytest.fixture
+async def app(publisher, upstream):
+    """The bare interceptor ASGI app (no sampling pin) over the scripted upstream, for raw-scope tests."""
+    settings = InterceptorSettings(upstream_url="http://engine", bootstrap="unused:9092", control_token="s3cret")
+    client = httpx.AsyncClient(base_url="http://engine", transport=httpx.MockTransport(upstream.handler))
+    interceptor = Interceptor(settings, publisher=publisher, upstream=client)  # type: ignore[arg-type]
+    await interceptor.startup()
+    yield interceptor
+    await interceptor.shutdown()
+
+
+@pytest.fixture
 async def make_interceptor(publisher, tmp_path):
     """An interceptor in front of the in-process reference policy server; settings overridable."""
     from compose.policy import create_app

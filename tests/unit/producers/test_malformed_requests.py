@@ -20,8 +20,6 @@ from typing import Any
 import httpx
 import pytest
 
-from producers.app import Interceptor
-from producers.settings import InterceptorSettings
 from tests.unit.producers import raw_asgi
 from tests.unit.producers.conftest import vllm_chat_response
 
@@ -133,16 +131,6 @@ RAW_BODIES = [  # (raw body, what the message must say)
     (b'{"model": "m", "messages": [], "x": 1e400}', "not valid JSON"),
     (b"", "empty"),
 ]
-
-
-@pytest.fixture
-async def app(publisher, upstream):
-    settings = InterceptorSettings(upstream_url="http://engine", bootstrap="unused:9092", control_token="s3cret")
-    client = httpx.AsyncClient(base_url="http://engine", transport=httpx.MockTransport(upstream.handler))
-    interceptor = Interceptor(settings, publisher=publisher, upstream=client)  # type: ignore[arg-type]
-    await interceptor.startup()
-    yield interceptor
-    await interceptor.shutdown()
 
 
 @pytest.fixture

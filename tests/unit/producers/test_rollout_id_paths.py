@@ -10,9 +10,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from producers.app import Interceptor
 from producers.routing import Kind, parse_route
-from producers.settings import InterceptorSettings
 from schemas.errors import ContractError
 from schemas.ids import ROLLOUT_ID_RULE
 from schemas.records import RolloutFinished
@@ -23,16 +21,6 @@ AUTH = [(b"authorization", b"Bearer s3cret")]
 CHAT_BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
 # Raw ids that decode to something outside the rule; each must be refused, on every route.
 BAD_RAW_IDS = [b"tab%09x1", b"cr%0Dx1", b"lf%0Ax1", b"a%2Fb", b"sp%20x", b"%09lead", b"trail%0A", b"dot%00"]
-
-
-@pytest.fixture
-async def app(publisher, upstream):
-    settings = InterceptorSettings(upstream_url="http://engine", bootstrap="unused:9092", control_token="s3cret")
-    client = httpx.AsyncClient(base_url="http://engine", transport=httpx.MockTransport(upstream.handler))
-    interceptor = Interceptor(settings, publisher=publisher, upstream=client)  # type: ignore[arg-type]
-    await interceptor.startup()
-    yield interceptor
-    await interceptor.shutdown()
 
 
 def _names_the_rule(response: raw_asgi.RawResponse) -> str:
