@@ -11,7 +11,7 @@ import pytest
 
 from compose.stack import LocalStack
 from compose.vllm_engine.engine import VllmEngine
-from tests.integration.engines import require_vllm
+from tests.integration.engines import assert_one_token_exact_chain, require_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 
@@ -71,13 +71,7 @@ def _run_and_check(claude_stack: LocalStack, tmp_path) -> dict:
     claude_stack.finish(rid, {"reward": 1.0}, final_response_id=_last_message_id(result),
                         final_text=result.final_text)
     record = claude_stack.wait_rollouts([rid], timeout=90)[rid]
-    m = record["_ng_token_capture"]
-    assert record["mask_sample"] is False, record["mask_reasons"]
-    assert m["n_calls"] >= 3 and m["chains"] == 1 and m["roots"] == 1 and m["delivered_fraction"] == 1.0
-    traj = record["trajectory"]
-    scored = claude_stack.rescore(traj["token_ids"])
-    generated = [i for i, bit in enumerate(traj["loss_mask"]) if bit]
-    assert [scored[i - 1] for i in generated] == traj["log_probs"]
+    assert_one_token_exact_chain(claude_stack, record)
     return record
 
 

@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from compose.stack import LocalStack
+from tests.integration.engines import assert_one_token_exact_chain
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 
@@ -61,10 +62,4 @@ def test_codex_session_is_captured_token_exact(codex, codex_stack, tmp_path):
 
     codex_stack.finish(rid, {"reward": 1.0}, final_text=result.final_text)
     record = codex_stack.wait_rollouts([rid], timeout=90)[rid]
-    m = record["_ng_token_capture"]
-    assert record["mask_sample"] is False, record["mask_reasons"]
-    assert m["n_calls"] >= 3 and m["chains"] == 1 and m["roots"] == 1 and m["delivered_fraction"] == 1.0
-    traj = record["trajectory"]
-    scored = codex_stack.rescore(traj["token_ids"])
-    generated = [i for i, bit in enumerate(traj["loss_mask"]) if bit]
-    assert generated and [scored[i - 1] for i in generated] == traj["log_probs"]
+    assert_one_token_exact_chain(codex_stack, record)
