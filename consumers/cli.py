@@ -71,7 +71,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"tokentrail consume: invalid settings: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    from consumers.sinks import load_sink
+    from consumers.sinks.plugin import load_sink
 
     try:
         sink = load_sink(settings.sink, settings.sink_kwargs)

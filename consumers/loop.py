@@ -42,7 +42,7 @@ import confluent_kafka
 from consumers.offsets import OffsetTracker
 from consumers.rebuild import rebuild
 from consumers.settings import ConsumerSettings
-from consumers.sinks import TrainerSink
+from consumers.sinks.plugin import TrainerSink
 from schemas.codec import decode_snapshot, encode_event
 from schemas.errors import ContractError, TokentrailError, TransportError
 from schemas.ids import new_event_id

@@ -8,11 +8,11 @@ import uuid
 import confluent_kafka
 import pytest
 
-from consumers.conformance import run_conformance, sample_rollout
-from consumers.eventlog import EventLog
-from consumers.gym import TokenLineage, TokenSink, TokenSource
-from consumers.gym_conformance import run_gym_conformance
-from consumers.kafka_sink import KafkaSink
+from consumers.sinks.conformance import run_conformance, sample_rollout
+from consumers.replay.eventlog import EventLog
+from consumers.gym.adapters import TokenLineage, TokenSink, TokenSource
+from consumers.gym.conformance import run_gym_conformance
+from consumers.sinks.kafka import KafkaSink
 from consumers.loop import RebuildConsumer
 from consumers.settings import ConsumerSettings
 from schemas.codec import decode_rebuilt, encode_rebuilt, encode_snapshot
@@ -36,7 +36,7 @@ async def test_gym_adapters_pass_all_ten_gym_conformance_checks(kafka_bootstrap,
 
 
 async def test_a_broken_transport_is_rejected(kafka_bootstrap, topics):
-    from consumers.gym_conformance import GymConformanceError
+    from consumers.gym.conformance import GymConformanceError
 
     class Amnesiac(TokenSink):
         async def put(self, entry) -> None:
@@ -50,7 +50,7 @@ async def test_a_broken_transport_is_rejected(kafka_bootstrap, topics):
 
 
 async def test_an_intent_that_is_not_durable_fails_the_custody_check(kafka_bootstrap, topics):
-    from consumers.gym_conformance import GymConformanceError
+    from consumers.gym.conformance import GymConformanceError
 
     class ForgetsIntents(TokenSink):
         async def begin_call(self, rollout_id, model_call_id) -> None:

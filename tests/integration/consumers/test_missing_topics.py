@@ -23,7 +23,7 @@ from confluent_kafka.admin import AdminClient
 
 from consumers.loop import RebuildConsumer
 from consumers.settings import ConsumerSettings
-from consumers.sinks import JsonlSink
+from consumers.sinks.plugin import JsonlSink
 from schemas.codec import encode_snapshot
 from schemas.topics import TopicsUnavailable, key_for, topic_names
 from tests.unit.consumers.support import child, root, snapshot_of

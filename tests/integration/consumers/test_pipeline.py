@@ -17,10 +17,10 @@ import uuid
 import confluent_kafka
 import pytest
 
-from consumers.eventlog import EventLog
-from consumers.gym import TokenSink, TokenSource
-from consumers.gym_conformance import gym_entry
-from consumers.inprocess import rollout_stream
+from consumers.replay.eventlog import EventLog
+from consumers.gym.adapters import TokenSink, TokenSource
+from consumers.gym.conformance import gym_entry
+from consumers.sinks.stream import rollout_stream
 from consumers.rebuild import rebuild
 from consumers.settings import ConsumerSettings
 from processors.fold import apply_writes, fold_raw

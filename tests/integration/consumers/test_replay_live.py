@@ -16,9 +16,9 @@ import pytest
 
 from compose.harness import fault_tool, run_rollout
 from compose.topics import ensure_topics, produce_all
-from consumers.eventlog import EventLog
+from consumers.replay.eventlog import EventLog
 from consumers.rebuild import to_json_line
-from consumers.replay import replay_rollout
+from consumers.replay.rollouts import replay_rollout
 from schemas.codec import decode_snapshot, encode_event, encode_snapshot
 from schemas.topics import PRODUCER_PARTITIONER, key_for, topic_names
 from tests.factories import event, incomplete

@@ -14,7 +14,7 @@ import pytest
 from compose.harness import WEATHER_TOOL
 from compose.stack import LocalStack
 from compose.vllm_engine.engine import VllmEngine, score_prompt
-from consumers.eventlog import EventLog
+from consumers.replay.eventlog import EventLog
 from schemas.records import CallCaptured, CallIncomplete
 from tests.integration.engines import require_vllm
 

@@ -8,11 +8,11 @@ import threading
 import pytest
 
 import consumers.loop as loop_module
-from consumers.inprocess import RolloutStream, rollout_stream
+from consumers.sinks.stream import RolloutStream, rollout_stream
 from consumers.loop import DeliveryFailed, MaskFractionExceeded, RebuildConsumer
 from consumers.offsets import OffsetTracker
 from consumers.settings import ConsumerSettings
-from consumers.sinks import JsonlSink
+from consumers.sinks.plugin import JsonlSink
 from processors.fold import apply_writes, fold
 from schemas.codec import decode_event
 from schemas.records import RetireRequested

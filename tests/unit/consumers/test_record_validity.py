@@ -18,13 +18,13 @@ import math
 
 import pytest
 
-from consumers.conformance import sample_rollout
-from consumers.gym import entry_to_call
-from consumers.inprocess import RolloutStream
-from consumers.kafka_sink import KafkaSink
+from consumers.sinks.conformance import sample_rollout
+from consumers.gym.adapters import entry_to_call
+from consumers.sinks.stream import RolloutStream
+from consumers.sinks.kafka import KafkaSink
 from consumers.rebuild import rebuild, to_json_dict, to_json_line
 from consumers.rebuild.validity import checked_record, strict_loads
-from consumers.sinks import JsonlSink
+from consumers.sinks.plugin import JsonlSink
 from schemas.codec import decode_rebuilt
 from schemas.records import RolloutFinished
 from tests.unit.consumers.fakes import Journal, RecordingSink

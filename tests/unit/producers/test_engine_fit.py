@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from consumers.eventlog import LoggedEvent
-from consumers.replay import fold_records
+from consumers.replay.eventlog import LoggedEvent
+from consumers.replay.rollouts import fold_records
 from consumers.rebuild.rules import RebuildRules
 from schemas.codec import encode_event
 from schemas.records import CallCaptured, CallIncomplete, RolloutFinished

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Iterable
 
-from consumers.eventlog import EventLog, LoggedEvent
+from consumers.replay.eventlog import EventLog, LoggedEvent
 from consumers.rebuild import RebuildRules, rebuild
 from processors.fold import DeadLetter, apply_writes, fold_raw
 from schemas.errors import ConfigError

@@ -36,7 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from consumers.rebuild import RebuildRules
-    from consumers.replay import parse_bound
+    from consumers.replay.rollouts import parse_bound
     from schemas.errors import TokentrailError
 
     if args.last_demo:
@@ -84,11 +84,11 @@ def _last_demo(args) -> int:
 
 
 def _rollouts(args, since, until, new_rules) -> int:
-    from consumers.eventlog import EventLog
-    from consumers.explain import explain
+    from consumers.replay.eventlog import EventLog
+    from consumers.replay.explain import explain
     from consumers.rebuild import rebuild
     from consumers.rebuild.output import to_json_dict
-    from consumers.replay import replay_rollout, rule_changes
+    from consumers.replay.rollouts import replay_rollout, rule_changes
     from schemas.topics import topic_names
 
     log = EventLog(args.bootstrap, topic_names(args.topic_prefix).rollout_events)
@@ -122,11 +122,11 @@ def _rollouts(args, since, until, new_rules) -> int:
 
 
 def _summary(args, since, until, new_rules) -> int:
-    from consumers.eventlog import EventLog
+    from consumers.replay.eventlog import EventLog
     from consumers.rebuild import RebuildRules
-    from consumers.replay import parse_duration
-    from consumers.report_html import render_html
-    from consumers.summary import render_text, summarize
+    from consumers.replay.rollouts import parse_duration
+    from consumers.replay.report_html import render_html
+    from consumers.replay.summary import render_text, summarize
     from schemas.topics import topic_names
 
     if since.offset is not None or until.offset is not None:

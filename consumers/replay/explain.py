@@ -13,7 +13,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from consumers.replay import ReplayResult
+from consumers.replay.rollouts import ReplayResult
 from schemas.records import (
     CallCaptured, CallIncomplete, CallStarted, RebuiltRollout, RetireRequested, RolloutFinished, Snapshot,
 )

@@ -5,7 +5,7 @@ from ``module:Class`` (or a built-in name) with keyword arguments and are
 checked at startup: a malformed target, an import failure, a missing,
 non-callable or non-async method, an unknown keyword argument or a failing
 constructor is a ``ConfigError`` naming what is wrong, before any rollout is
-consumed. ``consumers.conformance.run_conformance`` checks the behaviour.
+consumed. ``consumers.sinks.conformance.run_conformance`` checks the behaviour.
 
 Optional attributes a sink may declare:
 - ``include_response`` (bool, default True): False tells the consumer not to
@@ -16,8 +16,8 @@ Optional attributes a sink may declare:
   redelivery after a restart can reach the trainer twice (its readers then
   deduplicate by ``(snapshot_id, version)``).
 
-Built in: ``jsonl`` (this module), ``kafka`` (``consumers.kafka_sink``), and the
-in-process async iterator ``consumers.inprocess.RolloutStream``.
+Built in: ``jsonl`` (this module), ``kafka`` (``consumers.sinks.kafka``), and the
+in-process async iterator ``consumers.sinks.stream.RolloutStream``.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def _identities_in(path: Path) -> set[tuple[str, int]]:
     return identities
 
 
-BUILTIN_SINKS = {"jsonl": "consumers.sinks:JsonlSink", "kafka": "consumers.kafka_sink:KafkaSink"}
+BUILTIN_SINKS = {"jsonl": "consumers.sinks.plugin:JsonlSink", "kafka": "consumers.sinks.kafka:KafkaSink"}
 
 
 def load_sink(target: str, kwargs: dict[str, Any] | None = None) -> TrainerSink:

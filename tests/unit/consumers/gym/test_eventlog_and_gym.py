@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from consumers.eventlog import murmur2, partition_for
-from consumers.gym import call_to_entry, entry_to_call
-from consumers.gym_conformance import gym_entry
+from consumers.replay.eventlog import murmur2, partition_for
+from consumers.gym.adapters import call_to_entry, entry_to_call
+from consumers.gym.conformance import gym_entry
 from processors.fold import apply_writes, fold
 from schemas.codec import decode_event, encode_event
 from schemas.errors import ContractError

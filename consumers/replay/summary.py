@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.eventlog import EventLog
+from consumers.replay.eventlog import EventLog
 from consumers.rebuild import RebuildRules, rebuild
 from processors.fold import apply_writes, fold_raw
 from processors.state import header_codec, header_key

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from consumers.sinks import TrainerSink, check_sink_class
+from consumers.sinks.plugin import TrainerSink, check_sink_class
 from schemas.errors import ConfigError, TokentrailError
 from schemas.records import CallSpan, CaptureMetrics, MaskReason, RebuiltRollout, TerminalAttribution, Trajectory
 

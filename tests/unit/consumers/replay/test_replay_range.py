@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-import consumers.eventlog
-from consumers import replay_cli
-from consumers.eventlog import LoggedEvent
-from consumers.replay import parse_bound, parse_duration
+import consumers.replay.eventlog
+from consumers.replay import cli as replay_cli
+from consumers.replay.eventlog import LoggedEvent
+from consumers.replay.rollouts import parse_bound, parse_duration
 from schemas.codec import encode_event
 from schemas.errors import ConfigError
 from schemas.topics import key_for
@@ -83,7 +83,7 @@ def logged_now(monkeypatch):
         for body in (r, child(r, [4], [5]), finished({"reward": 1.0})):
             ev = dataclasses.replace(event(rid, body), emitted_at=now_us)
             records.append(LoggedEvent(0, len(records), now_us // 1000, encode_event(ev), key_for(rid)))
-    monkeypatch.setattr(consumers.eventlog, "EventLog", lambda *a, **k: FakeLog(records))
+    monkeypatch.setattr(consumers.replay.eventlog, "EventLog", lambda *a, **k: FakeLog(records))
     FakeLog.instances.clear()
     return records
 

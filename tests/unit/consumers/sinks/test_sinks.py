@@ -9,9 +9,9 @@ import types
 
 import pytest
 
-from consumers.conformance import SinkConformanceError, run_conformance, sample_rollout
-from consumers.inprocess import RolloutStream
-from consumers.sinks import JsonlSink, TrainerSink, load_sink
+from consumers.sinks.conformance import SinkConformanceError, run_conformance, sample_rollout
+from consumers.sinks.stream import RolloutStream
+from consumers.sinks.plugin import JsonlSink, TrainerSink, load_sink
 from schemas.errors import ConfigError
 
 

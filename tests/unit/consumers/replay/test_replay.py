@@ -7,12 +7,12 @@ from html.parser import HTMLParser
 
 import pytest
 
-from consumers.eventlog import LoggedEvent
-from consumers.explain import explain
+from consumers.replay.eventlog import LoggedEvent
+from consumers.replay.explain import explain
 from consumers.rebuild import RebuildRules, rebuild
-from consumers.replay import Bound, fold_records, parse_bound, rule_changes
-from consumers.report_html import render_html
-from consumers.summary import harness_of, summarize
+from consumers.replay.rollouts import Bound, fold_records, parse_bound, rule_changes
+from consumers.replay.report_html import render_html
+from consumers.replay.summary import harness_of, summarize
 from schemas.codec import encode_event
 from schemas.errors import ConfigError
 from schemas.records import ParentResolution

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from consumers.conformance import sample_rollout
-from consumers.inprocess import RolloutStream
+from consumers.sinks.conformance import sample_rollout
+from consumers.sinks.stream import RolloutStream
 from schemas.errors import ConfigError
 
 

@@ -12,7 +12,7 @@ take or return Gym ``TokenEntry``-shaped records (a mapping, or any object with
   fold; a conflicting one marks the rollout incomplete.
 - ``mark_incomplete`` publishes a ``CallIncomplete``; it changes the version.
 - ``freeze`` publishes ``RolloutFinished`` and answers with the processor's
-  decision: it reads the rollout's events back (``consumers.eventlog``) and runs
+  decision: it reads the rollout's events back (``consumers.replay.eventlog``) and runs
   the same pure fold (``processors.fold``) through its own finish event. The
   fold is deterministic, so this equals the live processor's snapshot: same
   ``snapshot_id``, same ``version``, same incomplete flag.
@@ -36,8 +36,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.eventlog import EventLog
-from consumers.kafka_sink import AckedProducer
+from consumers.replay.eventlog import EventLog
+from consumers.sinks.kafka import AckedProducer
 from processors.fold import apply_writes, fold_raw
 from processors.state import header_codec, header_key
 from schemas.codec import encode_event
