@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install jars claude-code codex vllm demo why test test-unit test-integration bench clean
+.PHONY: install jars claude-code codex vllm demo why test test-unit test-integration imports bench clean
 
 install: $(VENV)/.installed
 
@@ -57,6 +57,11 @@ test-unit: install
 
 test-integration: install jars vllm
 	$(BIN)/pytest -q -ra tests/integration
+
+# The import contracts of pyproject.toml ([tool.importlinter]) alone; `make test` runs them
+# too (tests/unit/test_architecture.py).
+imports: install
+	$(BIN)/lint-imports
 
 clean:
 	-$(BIN)/tokentrail kafka down

@@ -20,7 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "finish": ("producers.finish_cli", "publish RolloutFinished for a rollout"),
     "process": ("processors.cli", "run the Faust fold processor"),
     "consume": ("consumers.cli", "rebuild finished rollouts and deliver them to a sink"),
-    "replay": ("consumers.replay_cli", "explain why rollouts were masked, from the event log"),
+    "replay": ("compose.replay_cli", "explain why rollouts were masked, from the event log"),
     "topics": ("compose.topics_cli", "create the tokentrail topics on a broker"),
     "demo": ("compose.demo", "bring the stack up, run sample rollouts, print the table"),
     "bench": ("compose.bench", "run a benchmark that prints figures"),

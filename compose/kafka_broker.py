@@ -25,6 +25,8 @@ import uuid
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from schemas.errors import TokentrailError
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KAFKA_CONF_DIR = Path(__file__).resolve().parent / "kafka"  # pom.xml and logging configs
 DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies"
@@ -39,7 +41,7 @@ _RECORD_KEYS = ("pid", "bootstrap", "controller_port", "data_dir", "kafka_versio
 _CHILDREN: dict[int, subprocess.Popen] = {}
 
 
-class BrokerError(Exception):
+class BrokerError(TokentrailError):
     """The broker could not be fetched, started, found or stopped; the message says what to do."""
 
 
@@ -229,14 +231,10 @@ def _is_broker_process(pid: int) -> bool:
 
 
 def _probe_client(bootstrap: str):
-    import logging
+    from schemas.kafka.bridge import admin_client
 
-    from confluent_kafka.admin import AdminClient
-    quiet = logging.getLogger("tokentrail.kafka_broker.probe")  # refused connections while starting
-    quiet.propagate, quiet.disabled = False, True
     # Short reconnect backoff: the default grows to 10 s and would hide a broker that just came up.
-    return AdminClient({"bootstrap.servers": bootstrap, "logger": quiet,
-                        "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 250})
+    return admin_client(bootstrap, extra={"reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 250})
 
 
 def _answers(bootstrap: str, timeout: float = 2.0, client=None) -> bool:

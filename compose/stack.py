@@ -23,10 +23,11 @@ import httpx
 
 from compose.topics import ensure_topics
 from compose.vllm_engine.engine import score_prompt
+from schemas.errors import TokentrailError
 from schemas.topics import TopicNames, topic_names
 
 
-class StackError(RuntimeError):
+class StackError(TokentrailError, RuntimeError):
     """A service did not come up; the message carries the end of its log."""
 
 

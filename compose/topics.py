@@ -10,22 +10,20 @@ record (benchmarks and tests publish their workloads with it).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterable
+from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import NewTopic
 
+from schemas.errors import TokentrailError, TransportError
+from schemas.kafka.bridge import AckedProducer, PublishFailed, admin_client
 from schemas.topics import (DEFAULT_PARTITIONS, MAX_MESSAGE_BYTES, ROLLOUT_EVENTS_RETENTION_MS,
                             TopicNames)
 
 
-_QUIET = logging.getLogger("tokentrail.topics.librdkafka")
-_QUIET.propagate, _QUIET.disabled = False, True
-
-
-class TopicError(Exception):
+class TopicError(TokentrailError):
     """A topic could not be created or the broker could not be reached."""
 
 
@@ -49,13 +47,12 @@ def ensure_topics(bootstrap: str, names: TopicNames | None = None,
     under docker compose) and then the wait for the creations.
     """
     names = names or TopicNames()
-    admin = AdminClient({
-        "bootstrap.servers": bootstrap,
-        # librdkafka would print every refused connection while the broker starts; what
-        # matters reaches the caller as a TopicError.
-        "logger": _QUIET,
-        "reconnect.backoff.max.ms": 1000,  # notice a broker that just came up
-    })
+    # Quiet (librdkafka would print every refused connection while the broker starts; what matters
+    # reaches the caller as a TopicError) and quick to notice a broker that just came up.
+    try:
+        admin = admin_client(bootstrap)
+    except TransportError as exc:
+        raise TopicError(str(exc)) from exc
     _wait_for_broker(admin, bootstrap, timeout)
     # replication_factor=-1: the broker's default.replication.factor (1 on a dev broker).
     new = [NewTopic(name, num_partitions=partitions, replication_factor=-1, config=config)
@@ -76,7 +73,7 @@ def ensure_topics(bootstrap: str, names: TopicNames | None = None,
         raise TopicError(f"could not create topics on {bootstrap}: " + "; ".join(failures))
 
 
-def _wait_for_broker(admin: AdminClient, bootstrap: str, timeout: float) -> None:
+def _wait_for_broker(admin: Any, bootstrap: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -90,28 +87,17 @@ def _wait_for_broker(admin: AdminClient, bootstrap: str, timeout: float) -> None
         time.sleep(0.2)
 
 
-def produce_all(producer: Producer, topic: str, records: Iterable[tuple[bytes, bytes]],
+def produce_all(producer: Any, topic: str, records: Iterable[tuple[bytes, bytes]],
                 *, timeout: float = 120.0) -> None:
     """Produce ``(key, value)`` records in order, waiting for room when the local queue is full.
 
-    Returns once Kafka acknowledged every record; otherwise raises `TopicError` with the
-    first delivery error or the number of records still unacknowledged after ``timeout``.
+    ``producer``: a confluent-kafka ``Producer`` built from ``schemas.kafka.config.producer_config``
+    (or an ``AckedProducer``). Returns once Kafka acknowledged every record (the bridge's
+    ``produce_all``); otherwise raises `TopicError` with the first delivery error or the number of
+    records still unacknowledged after ``timeout``.
     """
-    errors: list[KafkaError] = []
-
-    def on_delivery(err: KafkaError | None, _msg: object) -> None:
-        if err is not None:
-            errors.append(err)
-
-    for key, value in records:
-        while True:
-            try:
-                producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
-                break
-            except BufferError:  # the local queue is full: let deliveries drain it
-                producer.poll(0.1)
-        producer.poll(0)
-    left = producer.flush(timeout)
-    if errors or left:
-        first = errors[0].str() if errors else f"{left} records unacknowledged after {timeout:.0f} s"
-        raise TopicError(f"producing to {topic} failed: {first} ({len(errors)} delivery errors)")
+    bridge = producer if isinstance(producer, AckedProducer) else AckedProducer(client=producer)
+    try:
+        bridge.produce_all(topic, records, timeout_s=timeout)
+    except PublishFailed as exc:
+        raise TopicError(str(exc)) from exc

@@ -47,7 +47,10 @@ from schemas.codec import decode_snapshot, encode_event
 from schemas.errors import ContractError, TokentrailError, TransportError
 from schemas.ids import new_event_id
 from schemas.records import RebuiltRollout, RetireRequested, RolloutEvent
-from schemas.topics import MAX_MESSAGE_BYTES, PRODUCER_PARTITIONER, key_for, wait_for_topics
+from schemas.kafka.bridge import AckedProducer, admin_client
+from schemas.kafka.config import consumer_config, producer_config
+from schemas.kafka.framing import deadletter_headers
+from schemas.topics import key_for, wait_for_topics
 
 log = logging.getLogger("tokentrail.consumer")
 
@@ -67,10 +70,6 @@ class ConsumerStats:
     masked: int = 0
     deadletters: int = 0
     mask_reasons: Counter[str] = field(default_factory=Counter)
-
-
-_QUIET = logging.getLogger("tokentrail.consumer.librdkafka")
-_QUIET.propagate, _QUIET.disabled = False, True
 
 
 def required_topics(settings: ConsumerSettings) -> list[str]:
@@ -96,11 +95,7 @@ def check_topics(settings: ConsumerSettings, *, admin: Any = None) -> None:
     ``admin`` replaces the confluent-kafka AdminClient (tests).
     """
     if admin is None:
-        from confluent_kafka.admin import AdminClient
-
-        # librdkafka would print every refused connection; the outcome reaches the caller.
-        admin = AdminClient({"bootstrap.servers": settings.bootstrap, "logger": _QUIET,
-                             "reconnect.backoff.max.ms": 1000})
+        admin = admin_client(settings.bootstrap)  # quiet: the outcome reaches the caller, not librdkafka's log
     wait_for_topics(admin, required_topics(settings), bootstrap=settings.bootstrap, names=settings.topics,
                     timeout=settings.topic_wait_s)
 
@@ -132,26 +127,13 @@ class RebuildConsumer:
         self.source = f"consumer:{settings.group_id}@{socket.gethostname()}"
         self._offsets = OffsetTracker()
         self._consumer = kafka_consumer or self._subscribe()
-        self._producer = kafka_producer or confluent_kafka.Producer({
-            "bootstrap.servers": settings.bootstrap,
-            "enable.idempotence": True,
-            "acks": "all",
-            "partitioner": PRODUCER_PARTITIONER,
-            "linger.ms": 0,
-            "message.max.bytes": MAX_MESSAGE_BYTES,
-        })
+        # Retires and dead letters are each waited for alone (produce_sync): nothing to batch, so no linger.
+        self._producer = (AckedProducer(client=kafka_producer) if kafka_producer is not None
+                          else AckedProducer(producer_config(settings.bootstrap, linger_ms=0)))
 
     def _subscribe(self) -> Any:
-        consumer = confluent_kafka.Consumer({
-            "bootstrap.servers": self.settings.bootstrap,
-            "group.id": self.settings.group_id,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-            "fetch.message.max.bytes": MAX_MESSAGE_BYTES,
-            "max.partition.fetch.bytes": MAX_MESSAGE_BYTES,
-            "session.timeout.ms": self.settings.session_timeout_ms,
-        })
+        consumer = confluent_kafka.Consumer(consumer_config(self.settings.bootstrap, self.settings.group_id,
+                                                            session_timeout_ms=self.settings.session_timeout_ms))
         consumer.subscribe([self.settings.topics.snapshots], on_revoke=self._on_revoke, on_lost=self._on_revoke)
         return consumer
 
@@ -300,19 +282,12 @@ class RebuildConsumer:
             body=RetireRequested(snapshot_id=rollout.snapshot_id, version=rollout.version,
                                  consumer=self.settings.group_id),
         )
-        self._produce_acked(self.settings.topics.rollout_events, key_for(rollout.rollout_id), encode_event(event))
+        self._producer.produce_sync(self.settings.topics.rollout_events, key_for(rollout.rollout_id),
+                                    encode_event(event))
 
     def _deadletter(self, msg: Any, reason: str, detail: str) -> None:
-        headers = [("tokentrail-reason", reason.encode()), ("tokentrail-detail", detail.encode()[:4000]),
-                   ("tokentrail-source", f"{msg.topic()}/{msg.partition()}/{msg.offset()}".encode())]
-        self._produce_acked(self.settings.topics.deadletter, msg.key(), msg.value(), headers)
-
-    def _produce_acked(self, topic: str, key: bytes | None, value: bytes, headers: list | None = None) -> None:
-        errors: list[Any] = []
-        self._producer.produce(topic, key=key, value=value, headers=headers,
-                               on_delivery=lambda err, _m: errors.append(err))
-        if self._producer.flush(30) or not errors or errors[0] is not None:
-            raise TransportError(f"publish to {topic} was not acknowledged: {errors[0] if errors else 'timeout'}")
+        headers = deadletter_headers(reason, detail, msg.topic(), msg.partition(), msg.offset())
+        self._producer.produce_sync(self.settings.topics.deadletter, msg.key(), msg.value(), headers)
 
     def _commit(self, topic: str, partition: int, offset: int) -> None:
         try:
@@ -324,5 +299,5 @@ class RebuildConsumer:
 
     async def close(self) -> None:
         await asyncio.to_thread(self._consumer.close)
-        await asyncio.to_thread(self._producer.flush, 10)
+        await self._producer.close()
         await self.sink.close()

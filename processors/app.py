@@ -48,14 +48,12 @@ from typing import Any
 import faust
 
 from processors.delivery import DirectChangelogTable, OffsetGuard, OrderedAcker
-from processors.fold import DeadLetter, fold_raw
+from processors.fold import fold_raw
 from processors.settings import ProcessorSettings
+from schemas.kafka.framing import deadletter_headers
 from schemas.topics import MAX_MESSAGE_BYTES, wait_for_topics
 
 log = logging.getLogger("tokentrail.processor")
-# librdkafka's own log of the startup topic check (refused connections); the outcome reaches the caller.
-_QUIET = logging.getLogger("tokentrail.processor.librdkafka")
-_QUIET.propagate, _QUIET.disabled = False, True
 
 STATE_TABLE = "rollout-state"
 RUNNING_MARKER = "tokentrail-worker.running"
@@ -157,7 +155,8 @@ def create_app(settings: ProcessorSettings) -> ProcessorApp:
                 for dead in result.deadletters:
                     outputs.append(await deadletter.send(
                         key=event.key, value=event.value,
-                        headers=_deadletter_headers(dead, message.topic, message.partition, message.offset),
+                        headers=deadletter_headers(dead.reason, dead.detail, message.topic, message.partition,
+                                                   message.offset),
                     ))
                     log.warning("dead letter %s at %s[%d]@%d: %s", dead.reason, message.topic, message.partition,
                                 message.offset, dead.detail)
@@ -181,10 +180,10 @@ def check_topics(settings: ProcessorSettings, *, admin: Any = None) -> None:
     ``admin`` replaces the confluent-kafka AdminClient (tests).
     """
     if admin is None:
-        from confluent_kafka.admin import AdminClient
+        # Imported here: the Faust worker needs confluent_kafka only for this startup check.
+        from schemas.kafka.bridge import admin_client
 
-        admin = AdminClient({"bootstrap.servers": settings.bootstrap, "logger": _QUIET,
-                             "reconnect.backoff.max.ms": 1000})
+        admin = admin_client(settings.bootstrap)  # quiet: the outcome reaches the caller, not librdkafka's log
     wait_for_topics(admin, required_topics(settings), bootstrap=settings.bootstrap, names=settings.topics,
                     timeout=settings.topic_wait_s, partitions=settings.partitions)
 
@@ -213,10 +212,3 @@ def release_local_state(app: ProcessorApp) -> bool:
     (Path(app.conf.datadir) / RUNNING_MARKER).unlink(missing_ok=True)
     return True
 
-
-def _deadletter_headers(dead: DeadLetter, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
-    return [
-        ("tokentrail-reason", dead.reason.encode()),
-        ("tokentrail-detail", dead.detail.encode()[:4000]),
-        ("tokentrail-source", f"{topic}/{partition}/{offset}".encode()),
-    ]

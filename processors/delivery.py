@@ -38,6 +38,17 @@ from faust.types import TP
 
 log = logging.getLogger("tokentrail.processor")
 
+# Every private faust name this shell relies on, as (class, attribute), for the pinned
+# faust-streaming 0.15.3: private names change without notice, so
+# tests/unit/processors/test_faust_private.py proves the pinned faust still has each and that
+# processors.app / processors.delivery touch no private faust name missing from this list.
+FAUST_PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
+    ("faust.App", "_new_consumer"),  # ProcessorApp overrides it to patch each consumer it makes
+    ("faust.transport.consumer.Consumer", "_add_gap"),  # replaced: rollout-events has holes, never gaps
+    ("faust.transport.consumer.Consumer", "_unacked_messages"),  # OffsetGuard releases a rewound message
+    ("faust.transport.consumer.Consumer", "_committed_offset"),  # where OffsetGuard resumes a partition
+)
+
 
 class DirectChangelogTable(Table):
     """A faust Table whose changelog records are collected for the caller to produce."""

@@ -1,10 +1,11 @@
 """The fold: everything about a rollout is decided from its ordered events.
 
-``fold(state, event)`` is pure and deterministic: it reads the rollout's state
-through a ``StateReader`` and returns the writes to apply, in order (the
-rollout's header is the commit point), the snapshots to emit and the dead
-letters to publish. Live (Faust over RocksDB) and replay (a dict) run the same code, so
-the same events give the same snapshots, byte for byte.
+``fold(state: StateReader, event) -> FoldResult`` is pure and deterministic: it
+reads the rollout's state through a ``StateReader`` and returns the writes to
+apply, in order (the rollout's header is the commit point), the snapshots to
+emit and the dead letters to publish. Live (Faust over RocksDB) and replay
+(``processors.replay``: an in-memory state and the one offline fold loop) run
+the same code, so the same events give the same snapshots, byte for byte.
 
 Guarantees:
 - Idempotent: a repeated event (same event id; or same model_call_id with the
@@ -59,14 +60,14 @@ from processors.state import (
     intent_key,
     seq_key,
 )
-from processors.txn import DeadLetter, FoldResult, Position, StateReader, StateReadError, Txn, apply_writes
+from processors.txn import DeadLetter, FoldResult, Position, StateReader, StateReadError, Txn
 from schemas.codec import decode_event, encode_event, event_body_bytes
 from schemas.errors import CodecError, ContractError
 from schemas.ids import validate_rollout_id
 from schemas.records import CallCaptured, CallIncomplete, CallStarted, RetireRequested, RolloutEvent, RolloutFinished
 
-__all__ = ["CONFLICTING_PAYLOAD", "DeadLetter", "FoldResult", "StateReadError", "StateReader", "apply_writes", "fold",
-           "fold_raw", "snapshot_id_for"]
+__all__ = ["CONFLICTING_PAYLOAD", "DeadLetter", "FoldResult", "StateReadError", "StateReader", "fold", "fold_raw",
+           "snapshot_id_for"]
 
 
 def fold_raw(state: StateReader, key: bytes | None, value: bytes, *, position: Position | None = None) -> FoldResult:

@@ -16,6 +16,9 @@ parent from the events alone, whatever the interceptor that served it knew:
   the ``parent_digest`` the delta refers to, and the lengths add up. The builder
   re-verifies the full digest after materialising the delta.
 
+The digest and length checks are ``schemas.lineage_rules``', shared with the
+interceptor and the rebuild, so every component verifies a link the same way.
+
 Every decision is recorded as a ``lineage_note`` for replay and diagnosis.
 """
 
@@ -24,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from schemas.hashing import compute_digest
+from schemas.lineage_rules import AMBIGUOUS, NO_MATCH, delta_link_holds, prefix_verified
 from schemas.records import CallCaptured, ParentResolution
 
 if TYPE_CHECKING:
@@ -48,8 +51,7 @@ def _verify_delta(txn: Txn, call: CallCaptured) -> str:
     parent = txn.call_head(call.parent_call_id) if call.parent_call_id != call.model_call_id else None
     if parent is None:
         return f"delta_parent_missing:{call.parent_call_id}"
-    expected_len = parent.cum_len + len(call.prompt_token_ids) + len(call.generation_token_ids)
-    if parent.digest != call.parent_digest or expected_len != call.cum_len:
+    if not delta_link_holds(call, parent.cum_len, parent.digest):
         return f"delta_parent_mismatch:{call.parent_call_id}"
     return VERIFIED
 
@@ -70,7 +72,7 @@ def _resolve_full(txn: Txn, call: CallCaptured) -> tuple[CallCaptured, str]:
     verified = {
         call_id: key
         for call_id, key in candidates.items()
-        if key[0] <= len(prompt) and compute_digest(prompt[: key[0]]) == key[1]
+        if prefix_verified(prompt, *key)
     }
     distinct = set(verified.values())
     if len(distinct) == 1:
@@ -91,7 +93,7 @@ def _resolve_full(txn: Txn, call: CallCaptured) -> tuple[CallCaptured, str]:
         note = RESOLVED_BY_PROCESSOR if claimed is None else f"{RESOLVED_BY_PROCESSOR}:claimed={claimed}"
         return stored, note
     if len(distinct) > 1:
-        reason, note = "ambiguous", f"ambiguous:{','.join(sorted(verified))}"
+        reason, note = AMBIGUOUS, f"{AMBIGUOUS}:{','.join(sorted(verified))}"
     elif not call.request_fingerprint and claimed is None and call.parent_resolution is ParentResolution.ROOT:
         # No model-authored history (Gym's ROOT). An event that says UNRESOLVED without a
         # fingerprint contradicts itself: it stays unresolved (fail closed), never promoted.
@@ -99,7 +101,7 @@ def _resolve_full(txn: Txn, call: CallCaptured) -> tuple[CallCaptured, str]:
     elif claimed is not None:
         reason, note = "parent_digest_mismatch", f"parent_digest_mismatch:claimed={claimed}"
     else:
-        reason = call.parent_resolution_reason or "no_match"
+        reason = call.parent_resolution_reason or NO_MATCH
         note = f"unresolved:{reason}"
     return _as(call, ParentResolution.UNRESOLVED, reason), note
 

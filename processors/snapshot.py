@@ -35,14 +35,16 @@ from processors.state import (
 )
 from schemas.codec import decode_snapshot, encode_snapshot
 from schemas.errors import ContractError
-from schemas.records import CallIncomplete, RolloutFinished, Snapshot
+from schemas.records import CallIncomplete, IncompleteReason, RolloutFinished, Snapshot
+from schemas.kafka.framing import value_limit
 from schemas.topics import MAX_MESSAGE_BYTES
 
-CONFLICTING_PAYLOAD = "conflicting_payload"
-SNAPSHOT_TOO_LARGE = "snapshot_too_large"
-INTENT_WITHOUT_CAPTURE = "intent_without_capture"
+# Aliases of the schemas.records.IncompleteReason members (their one home), kept for importers.
+CONFLICTING_PAYLOAD = IncompleteReason.CONFLICTING_PAYLOAD
+SNAPSHOT_TOO_LARGE = IncompleteReason.SNAPSHOT_TOO_LARGE
+INTENT_WITHOUT_CAPTURE = IncompleteReason.INTENT_WITHOUT_CAPTURE
 # Kafka counts the whole record batch (framing, key, headers) against max.message.bytes.
-MAX_SNAPSHOT_BYTES = MAX_MESSAGE_BYTES - (64 << 10)
+MAX_SNAPSHOT_BYTES = value_limit(MAX_MESSAGE_BYTES)
 
 
 class StateGone(ContractError):

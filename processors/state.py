@@ -39,7 +39,7 @@ from functools import cache
 import fastavro
 
 from schemas.codec import (
-    MAGIC, RecordCodec, avro_long, avro_string, read_long, read_string, register_nested, to_avro,
+    MAGIC, RecordCodec, avro_long, avro_string, read_long, read_string, to_avro, with_nested,
 )
 from schemas.records import CallCaptured, CallIncomplete, RolloutFinished
 
@@ -119,30 +119,34 @@ class StoredIncomplete:
     late: bool = False
 
 
-register_nested(RolloutHeader, {"finished": RolloutFinished})
-register_nested(StoredCall, {"call": CallCaptured})
-register_nested(FingerprintIndex, {"entries": [FingerprintEntry]})
-register_nested(StoredIncomplete, {"marker": CallIncomplete})
+# How the state records' nested fields convert, handed to their codecs explicitly: the contract's
+# table (schemas.codec) is never mutated, so importing this module changes no other codec.
+STATE_NESTED = with_nested({
+    RolloutHeader: {"finished": RolloutFinished},
+    StoredCall: {"call": CallCaptured},
+    FingerprintIndex: {"entries": [FingerprintEntry]},
+    StoredIncomplete: {"marker": CallIncomplete},
+})
 
 
 @cache
 def header_codec() -> RecordCodec[RolloutHeader]:
-    return RecordCodec(RolloutHeader, "RolloutHeader", STATE_SCHEMA_VERSION)
+    return RecordCodec(RolloutHeader, "RolloutHeader", STATE_SCHEMA_VERSION, nested=STATE_NESTED)
 
 
 @cache
 def call_codec() -> RecordCodec[StoredCall]:
-    return RecordCodec(StoredCall, "StoredCall", STATE_SCHEMA_VERSION)
+    return RecordCodec(StoredCall, "StoredCall", STATE_SCHEMA_VERSION, nested=STATE_NESTED)
 
 
 @cache
 def index_codec() -> RecordCodec[FingerprintIndex]:
-    return RecordCodec(FingerprintIndex, "FingerprintIndex", STATE_SCHEMA_VERSION)
+    return RecordCodec(FingerprintIndex, "FingerprintIndex", STATE_SCHEMA_VERSION, nested=STATE_NESTED)
 
 
 @cache
 def incomplete_codec() -> RecordCodec[StoredIncomplete]:
-    return RecordCodec(StoredIncomplete, "StoredIncomplete", STATE_SCHEMA_VERSION)
+    return RecordCodec(StoredIncomplete, "StoredIncomplete", STATE_SCHEMA_VERSION, nested=STATE_NESTED)
 
 
 def header_key(rollout_id: str) -> bytes:
@@ -173,9 +177,11 @@ def intent_call_key(rollout_id: str, call_id: str) -> bytes:
     return b"b\x00" + rollout_id.encode() + b"\x00" + call_id.encode()
 
 
-def rollout_of_key(key: bytes) -> str:
-    """The rollout id a state key belongs to."""
-    return key[2:].split(b"\x00", 1)[0].decode()
+def is_rollout_key(key: bytes, rollout_id: str) -> bool:
+    """Whether a state key belongs to ``rollout_id`` (its header, or any key under it)."""
+    rid = rollout_id.encode()
+    # Ids hold no NUL (schemas.ids), so the NUL after the id separates "r1" from "r10".
+    return key[2:] == rid or key[2:].startswith(rid + b"\x00")
 
 
 # ---------------------------------------------------------------- Avro by hand (hot path)

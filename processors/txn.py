@@ -24,6 +24,7 @@ from processors.state import (
     index_codec,
     read_stored_call_head,
 )
+from schemas.errors import TokentrailError
 from schemas.records import Snapshot
 
 Position = tuple[int, int]  # (partition, offset) of the event in rollout-events
@@ -36,8 +37,12 @@ class StateReader(Protocol):
         """The value under ``key``, or None."""
 
 
-class StateReadError(Exception):
-    """The state store failed to answer: not the event's fault, so the caller retries (never a dead letter)."""
+class StateReadError(TokentrailError):
+    """The state store failed to answer: not the event's fault, so the caller retries (never a dead letter).
+
+    A ``TokentrailError`` (so callers catch one family), deliberately not a ``ContractError``: the fold
+    turns contract errors into dead letters, and a failing store must stop the worker instead.
+    """
 
 
 @dataclass(frozen=True, slots=True)

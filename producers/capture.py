@@ -1,184 +1,333 @@
-"""Turn one intercepted call into contract events (pure, apart from the clock).
+"""The capture core: runs one call, whatever the dialect, streaming or not, standalone or as vLLM middleware.
 
-The request is hashed as NeMo Gym does: its items (chat messages, Anthropic
-messages, Responses input) prefixed by an envelope pseudo-turn carrying the
-instructions and the tool schema when present, so that a changed system prompt
-or tool set fails context verification without changing the lookup key.
+``CaptureCore`` is built whole before the interceptor serves (``producers.services``):
+its writer, lineage index and engine catalog are never missing. It knows no HTTP
+framework; ``producers.generation`` is the HTTP side of a call.
+
+Per call: ``begin`` hashes the request and resolves its parent once, before
+dispatch, and fits the request to the engine (the sampling pin, a model name
+the engine serves, an output budget within its ``max_model_len``);
+``upstream_body`` is what the engine gets (plus the fields capture needs and,
+opt-in, the exact prompt ids as ``kv_transfer_params.prompt_token_ids``);
+``complete`` turns the engine's answer into durable evidence.
+
+Outcomes of ``complete``, each decided before anything is written, so a call
+leaves exactly one record: CAPTURED (CallCaptured is durable), INCOMPLETE (the
+engine answered but its tokens are missing or partial: CallIncomplete is
+durable, the answer may still go back), ABORTED (the engine aborted the
+generation, e.g. paused for a weight sync: CallIncomplete(aborted), the
+harness is told to retry), ENGINE_FAILED (finish_reason "error":
+CallIncomplete(upstream_error)), UNTRANSLATABLE (the answer cannot be put in
+the harness's dialect: CallIncomplete(untranslatable_output)), PREFIX_FAILED
+(supplied prompt ids were not used: the call fails, CallIncomplete is
+durable), NOT_DURABLE (nothing could be made durable: the call must fail with
+503).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
-import os
-import socket
+import enum
+import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-from producers.extract import EngineTokens
-from schemas.hashing import FINGERPRINT_VERSION, assistant_fingerprint, compute_digest, conversation_digest
-from schemas.ids import new_event_id, new_model_call_id
-from schemas.records import (
-    CallCaptured,
-    CallFacts,
-    CallIncomplete,
-    Dialect,
-    ParentResolution,
-    RolloutEvent,
+from producers.events import (
+    CallContext,
+    call_facts,
+    captured_call,
+    incomplete_call,
+    make_event,
+    request_items,
+    with_sent_max_tokens,
 )
+from producers.dialects.base import ParsedRequest
+from producers.dialects.registry import DialectSpec
+from producers.durable import DurableWriter
+from producers.engine_info import EngineCatalog, EngineInfo, max_tokens_key
+from producers.extract import PartialTokenMetadata, chat_output_items, extract_chat_tokens
+from producers.lineage_index import LineageIndex, Resolution
+from producers.metrics import InterceptorMetrics
+from producers.prefix_supply import ends_with_stop
+from producers.settings import InterceptorSettings
+from schemas.codec import encode_event
+from schemas.errors import DurabilityError
+from schemas.hashing import compute_digest, conversation_prefix_digests
+from schemas.records import CallCaptured, IncompleteReason, ParentResolution, RolloutEvent
+from schemas.topics import key_for
 
-ENVELOPE_ROLE = "_ng_request_envelope"
-SESSION_HEADERS = ("x-claude-code-session-id", "x-session-id", "session_id", "x-codex-session-id")
-SAMPLING_FIELDS = (
-    "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
-    "seed", "stop", "max_tokens", "max_completion_tokens",
-)
+__all__ = ["UNNAMED_WEIGHT_VERSION", "Call", "CaptureCore", "Outcome"]
+
+log = logging.getLogger("tokentrail.interceptor")
 
 
-def default_source() -> str:
-    return f"interceptor@{socket.gethostname()}:{os.getpid()}"
+class Outcome(enum.Enum):
+    CAPTURED = "captured"
+    INCOMPLETE = "incomplete"
+    ABORTED = "aborted"
+    ENGINE_FAILED = "engine_failed"
+    UNTRANSLATABLE = "untranslatable"
+    PREFIX_FAILED = "prefix_failed"
+    NOT_DURABLE = "not_durable"
 
 
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-
-
-def sha256_json(value: Any) -> str:
-    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
-
-
-def request_items(messages: list[Any], *, instructions: Any = None, tools: Any = None) -> list[dict[str, Any]]:
-    """The items a request is hashed as: an envelope pseudo-turn (when instructions/tools exist) + messages."""
-    items: list[dict[str, Any]] = []
-    if instructions or tools:
-        envelope = json.dumps({"instructions": instructions, "tools": tools}, sort_keys=True, default=str)
-        items.append({"role": ENVELOPE_ROLE, "content": envelope})
-    items.extend(messages)
-    return items
+# vLLM's engine label of weights no trainer has named (vllm/v1/engine/core.py): not a version.
+UNNAMED_WEIGHT_VERSION = "default"
 
 
 @dataclass(slots=True)
-class CallContext:
-    """Everything known about a call before the engine answers."""
+class Call:
+    """One call in flight: its context, its parent decision, what the engine must prove."""
 
-    rollout_id: str
-    route: str
-    dialect: Dialect
-    items: list[dict[str, Any]]
-    facts: CallFacts
-    model_call_id: str = field(default_factory=new_model_call_id)
-    created_at: float = field(default_factory=time.time)
-    request_fingerprint: str = ""
+    ctx: CallContext
+    resolution: Resolution
+    context_digests: list[str]
+    spec: DialectSpec  # the harness's dialect: its wire symbol and response-id prefix
+    body: dict[str, Any] = field(default_factory=dict)  # the chat request fitted to the engine
+    prefix_requested: bool = False  # prefix supply is on and the resolved parent's ids are known
+    supplied_prefix: list[int] | None = None  # prompt ids sent; the engine must report exactly these
+    started: float = 0.0
+    answer: Any = None  # what ``complete``'s ``prepare`` built for the harness
+    failure: str = ""  # the recorded detail when the call was not captured
 
-    def __post_init__(self) -> None:
-        self.request_fingerprint = assistant_fingerprint(self.items)
-
-
-def call_facts(
-    *, route: str, dialect: Dialect, body: dict[str, Any], upstream_body: dict[str, Any], headers: dict[str, str],
-    system: Any, tools: Any, streamed: bool, logprobs_mode: str = "", max_tokens_clamped: bool = False,
-) -> CallFacts:
-    """Facts for later classification (side calls, staleness); capture makes no decisions."""
-    sampling = {k: upstream_body[k] for k in SAMPLING_FIELDS if k in upstream_body}
-    max_tokens = body.get("max_tokens", body.get("max_completion_tokens", body.get("max_output_tokens")))
-    return CallFacts(
-        route=route,
-        dialect=dialect,
-        streamed=streamed,
-        requested_model=str(body.get("model") or ""),
-        tools_present=bool(tools),
-        tool_schema_digest=sha256_json(tools) if tools else "",
-        system_prompt_digest=sha256_json(system) if system else "",
-        max_tokens=max_tokens if isinstance(max_tokens, int) else None,
-        sampling_json=canonical_json(sampling),
-        user_agent=headers.get("user-agent", ""),
-        harness_session_id=next((headers[h] for h in SESSION_HEADERS if h in headers), ""),
-        max_tokens_sent=sent_max_tokens(upstream_body),
-        max_tokens_clamped=max_tokens_clamped,
-        logprobs_mode=logprobs_mode,
-    )
+    @property
+    def response_id(self) -> str:
+        return self.spec.response_id(self.ctx.model_call_id)
 
 
-def with_sent_max_tokens(facts: CallFacts, upstream_body: dict[str, Any]) -> CallFacts:
-    """``facts`` after the interceptor lowered the output budget in ``upstream_body`` (a clamp)."""
-    sampling = {k: upstream_body[k] for k in SAMPLING_FIELDS if k in upstream_body}
-    return dataclasses.replace(facts, max_tokens_sent=sent_max_tokens(upstream_body), max_tokens_clamped=True,
-                               sampling_json=canonical_json(sampling))
+class CaptureCore:
+    """Decides and writes each call's one record; ``admin_policy_version`` is set by the admin route."""
+
+    def __init__(self, settings: InterceptorSettings, writer: DurableWriter, index: LineageIndex,
+                 metrics: InterceptorMetrics, source: str, catalog: EngineCatalog | None = None) -> None:
+        self.settings = settings
+        self.writer = writer
+        self.index = index
+        self.metrics = metrics
+        self.source = source
+        self.admin_policy_version: str | None = None
+        self.catalog = catalog if catalog is not None else EngineCatalog()
+
+    # -- before dispatch ------------------------------------------------------------
+    def begin(self, rollout_id: str, route: str, spec: DialectSpec, parsed: ParsedRequest,
+              body: dict[str, Any], headers: dict[str, str], started: float | None = None,
+              engine: EngineInfo | None = None) -> Call:
+        started = time.perf_counter() if started is None else started
+        dialect = spec.wire
+        upstream, clamped = self._fitted(parsed.chat_body, engine)
+        ctx = CallContext(
+            rollout_id=rollout_id,
+            route=route,
+            dialect=dialect,
+            items=request_items(parsed.items, instructions=parsed.instructions, tools=parsed.tools),
+            facts=call_facts(route=route, dialect=dialect, body=body, upstream_body=upstream, headers=headers,
+                             system=parsed.system, tools=parsed.tools, streamed=parsed.stream,
+                             logprobs_mode=self.settings.logprobs_mode, max_tokens_clamped=clamped),
+        )
+        digests = conversation_prefix_digests(ctx.items)
+        resolution = self.index.resolve(rollout_id, ctx.items, ctx.request_fingerprint)
+        call = Call(ctx, resolution, digests, spec, body=upstream, started=started)
+        parent = resolution.parent
+        call.prefix_requested = bool(self.settings.prefix_supply and parent is not None
+                                     and parent.cum_tokens is not None)
+        return call
+
+    def upstream_body(self, call: Call) -> dict[str, Any]:
+        out = dict(call.body)
+        out["return_token_ids"] = True
+        out["logprobs"] = True
+        top = out.get("top_logprobs")
+        if not isinstance(top, int) or top < 0:
+            out["top_logprobs"] = 0
+        out["include_reasoning"] = True  # vLLM hides token ids when reasoning is hidden
+        out["return_weight_versions"] = True
+        if call.supplied_prefix is not None:
+            kv = out.get("kv_transfer_params")
+            kv = dict(kv) if isinstance(kv, dict) else {}
+            kv["prompt_token_ids"] = call.supplied_prefix
+            out["kv_transfer_params"] = kv
+        return out
+
+    def lower_max_tokens(self, call: Call, upstream_body: dict[str, Any], value: int) -> None:
+        """Resend budget after the engine refused the first one for its context window (recorded as a clamp)."""
+        key = max_tokens_key(upstream_body)
+        upstream_body[key] = call.body[key] = value
+        call.ctx.facts = with_sent_max_tokens(call.ctx.facts, upstream_body)
+
+    def _fitted(self, chat_body: dict[str, Any], engine: EngineInfo | None) -> tuple[dict[str, Any], bool]:
+        """The chat body with the sampling pin, a model the engine serves and a budget it can take."""
+        out = dict(chat_body)
+        out.update(self.settings.sampling_overrides)
+        forced = self.settings.upstream_model
+        if engine is None:
+            if forced:
+                out["model"] = forced
+            return out, False
+        requested = out.get("model")
+        model, why = engine.choose(requested, forced)
+        if model is not None:
+            out["model"] = model
+        if why == "substituted":
+            self.catalog.note_substitution(requested, model)
+        limit = engine.max_model_len(model)
+        key = max_tokens_key(out)
+        asked = out.get(key)
+        if limit and isinstance(asked, int) and not isinstance(asked, bool) and asked > limit:
+            # It can never be served. vLLM then caps it at max_model_len - prompt itself
+            # (get_max_tokens); an engine that refuses instead is retried with the exact rest.
+            out[key] = limit
+            return out, True
+        return out, False
+
+    # -- after the engine answered ---------------------------------------------------
+    async def complete(self, call: Call, data: dict[str, Any], prepare: Callable[[], Any] | None = None) -> Outcome:
+        """Decide the call's one record and make it durable; ``prepare`` builds the harness's answer.
+
+        ``prepare`` runs after the finish-reason verdict and before anything is written, so an
+        answer that cannot be put in the harness's dialect (ValueError) leaves
+        CallIncomplete(untranslatable_output), never a capture the harness did not receive.
+        """
+        ctx = call.ctx
+        choices = data.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        finish = choice.get("finish_reason")
+        if finish == "abort":
+            return await self._incomplete_outcome(
+                call, IncompleteReason.ABORTED, "the engine aborted the generation (vLLM finish_reason 'abort': "
+                "paused for a weight sync, or /abort_requests); the harness was told to retry", Outcome.ABORTED)
+        if finish == "error":
+            return await self._incomplete_outcome(
+                call, IncompleteReason.UPSTREAM_ERROR, "the engine ended the generation with finish_reason 'error'",
+                Outcome.ENGINE_FAILED)
+        if prepare is not None:
+            try:
+                call.answer = prepare()
+            except ValueError as exc:
+                return await self._incomplete_outcome(
+                    call, IncompleteReason.UNTRANSLATABLE_OUTPUT,
+                    f"the engine's answer cannot be expressed in the {ctx.dialect.value} dialect: {exc}",
+                    Outcome.UNTRANSLATABLE)
+        try:
+            tokens = extract_chat_tokens(data)
+        except PartialTokenMetadata as exc:
+            return await self._incomplete_outcome(call, IncompleteReason.PARTIAL_TOKEN_METADATA, str(exc))
+        if tokens is None:
+            return await self._incomplete_outcome(
+                call, IncompleteReason.MISSING_TOKEN_IDS, "engine returned no token ids (is it vLLM with return_token_ids?)")
+        prefix_supplied = False
+        if call.supplied_prefix is not None:
+            if tokens.prompt_token_ids != call.supplied_prefix:
+                return await self._incomplete_outcome(
+                    call, IncompleteReason.PREFIX_NOT_APPLIED,
+                    f"the engine reported {len(tokens.prompt_token_ids)} prompt ids, not the "
+                    f"{len(call.supplied_prefix)} supplied as kv_transfer_params.prompt_token_ids; serve with vLLM >= 0.32 (which honours them) "
+                    "or turn prefix supply off", Outcome.PREFIX_FAILED)
+            prefix_supplied = True
+        message = choice.get("message") or {}
+        items, carrier = chat_output_items(message)
+        version, source = self.policy_version_of(data)
+        captured = captured_call(
+            ctx, tokens, items, carrier, served_model=str(data.get("model") or ""), response_id=call.response_id,
+            policy_version=version, policy_version_source=source, context_digest=call.context_digests[-1],
+            finish_reason=str(finish or ""),
+        )
+        captured = self._with_lineage(call, captured, tokens.prompt_token_ids, prefix_supplied)
+        try:
+            await self.write(ctx.rollout_id, captured)
+        except DurabilityError as exc:
+            log.error("capture of call %s (rollout %s) not durable: %s", ctx.model_call_id, ctx.rollout_id, exc)
+            return Outcome.NOT_DURABLE
+        # A generation that ended on its stop token, or was cut short, can be spliced into a
+        # child's prompt (prefix_supply.splice); one cut by a stop string cannot (its text and
+        # ids disagree), so only the others are worth their index budget.
+        on_stop = ends_with_stop(finish, choice.get("stop_reason"))
+        keep = self.index.keep_tokens and (on_stop or finish == "length")
+        self.index.record(
+            ctx.rollout_id, call_id=ctx.model_call_id, continuation_fingerprint=captured.continuation_fingerprint,
+            cum_len=captured.cum_len, digest=captured.digest, context_len=captured.continuation_context_len,
+            context_digest=captured.continuation_context_digest,
+            cum_tokens=(tokens.prompt_token_ids + tokens.generation_token_ids) if keep else None,
+            ends_on_stop=on_stop,
+        )
+        self.metrics.captured.inc()
+        log.info("call captured", extra={
+            "rollout_id": ctx.rollout_id, "model_call_id": ctx.model_call_id, "outcome": "captured",
+            "dialect": ctx.dialect.value, "streamed": ctx.facts.streamed, "parent": captured.parent_call_id,
+            "resolution": captured.parent_resolution.value, "delta": captured.prompt_is_delta,
+            "prompt_tokens": captured.prompt_len, "generated_tokens": len(captured.generation_token_ids)})
+        return Outcome.CAPTURED
+
+    def _with_lineage(self, call: Call, captured: CallCaptured, prompt: list[int], prefix_supplied: bool) -> CallCaptured:
+        """Stamp the request-time decision; store only the new prompt tokens when the parent is verified."""
+        res = call.resolution
+        updates: dict[str, Any] = {"prefix_requested": call.prefix_requested,
+                                   "prefix_supplied": prefix_supplied}
+        if res.status is ParentResolution.RESOLVED and res.parent is not None:
+            parent = res.parent
+            updates.update(parent_resolution=ParentResolution.RESOLVED, parent_call_id=parent.call_id,
+                           parent_resolution_reason="", parent_digest=parent.digest)
+            if (self.settings.delta_records and len(prompt) >= parent.cum_len
+                    and compute_digest(prompt[: parent.cum_len]) == parent.digest):
+                updates.update(prompt_token_ids=prompt[parent.cum_len :], prompt_is_delta=True)
+        elif res.status is ParentResolution.UNRESOLVED:
+            updates.update(parent_resolution=ParentResolution.UNRESOLVED, parent_call_id=None,
+                           parent_resolution_reason=res.reason)
+        return _replace(captured, updates)
+
+    async def _incomplete_outcome(self, call: Call, reason: str, detail: str,
+                                  outcome: Outcome = Outcome.INCOMPLETE) -> Outcome:
+        call.failure = detail
+        ok = await self.incomplete(call.ctx.rollout_id, call.ctx.model_call_id, reason, call.ctx.route, 200, detail)
+        return outcome if ok else Outcome.NOT_DURABLE
+
+    # -- evidence ------------------------------------------------------------------
+    async def incomplete(self, rollout_id: str, call_id: str | None, reason: str, route: str,
+                         status: int | None, detail: str) -> bool:
+        """Make a CallIncomplete durable; False when it could not be."""
+        marker = incomplete_call(call_id, str(reason), route=route, http_status=status, detail=detail)
+        try:
+            await self.write(rollout_id, marker)
+        except DurabilityError as exc:
+            log.error("incomplete marker (%s) for rollout %s not durable: %s", reason, rollout_id, exc)
+            return False
+        self.metrics.incomplete.labels(reason=str(reason)).inc()
+        log.warning("call incomplete", extra={"rollout_id": rollout_id, "model_call_id": call_id,
+                                              "outcome": "incomplete", "reason": str(reason), "route": route,
+                                              "http_status": status, "detail": detail[:300]})
+        return True
+
+    async def write(self, rollout_id: str, body: Any) -> RolloutEvent:
+        event = make_event(rollout_id, body, self.source)
+        await self.write_event(event)
+        return event
+
+    async def write_event(self, event: RolloutEvent) -> None:
+        """Return once the event is durable (Kafka ack or fsynced spool); DurabilityError otherwise."""
+        with self.metrics.publish_seconds.time():
+            where = await self.writer.write(self.settings.topics.rollout_events, key_for(event.rollout_id),
+                                            encode_event(event))
+        if where == "spool":
+            self.metrics.spooled.inc()
+
+    def policy_version_of(self, data: dict[str, Any]) -> tuple[str | None, str]:
+        """The engine's weight version when it names one, else the one the trainer set via the admin route.
+
+        vLLM labels every span "default" until a trainer names the weights, so spans that are
+        all "default" name no version. Several versions mean the weights changed during the
+        generation: all are kept, in order ("default" included, as the unnamed first weights).
+        """
+        for choice in data.get("choices") or ():
+            spans = choice.get("weight_versions") if isinstance(choice, dict) else None
+            if spans:
+                versions = list(dict.fromkeys(str(s.get("version")) for s in spans if isinstance(s, dict)))
+                if versions and versions != [UNNAMED_WEIGHT_VERSION]:
+                    return ",".join(versions), "engine"
+        if self.admin_policy_version is not None:
+            return self.admin_policy_version, "admin"
+        return None, ""
 
 
-def sent_max_tokens(upstream_body: dict[str, Any]) -> int | None:
-    # vLLM reads max_completion_tokens first, then max_tokens.
-    value = upstream_body.get("max_completion_tokens")
-    if value is None:
-        value = upstream_body.get("max_tokens")
-    return value if isinstance(value, int) else None
+def _replace(record: Any, updates: dict[str, Any]) -> Any:
+    import dataclasses
 
-
-def captured_call(
-    ctx: CallContext,
-    tokens: EngineTokens,
-    output_items: list[dict[str, Any]],
-    carrier: int,
-    *,
-    served_model: str,
-    response_id: str,
-    policy_version: str | None,
-    policy_version_source: str,
-    context_digest: str | None = None,
-    finish_reason: str = "",
-) -> CallCaptured:
-    """The CallCaptured of a served call (full prompt; the processor resolves and verifies the parent)."""
-    full = tokens.prompt_token_ids + tokens.generation_token_ids
-    root = not ctx.request_fingerprint
-    facts = ctx.facts
-    facts = CallFacts(
-        **{**_facts_dict(facts), "served_model": served_model, "response_id": response_id,
-           "policy_version": policy_version, "policy_version_source": policy_version_source}
-    )
-    return CallCaptured(
-        model_call_id=ctx.model_call_id,
-        created_at=ctx.created_at,
-        model=served_model,
-        prompt_token_ids=tokens.prompt_token_ids,
-        generation_token_ids=tokens.generation_token_ids,
-        generation_log_probs=tokens.generation_log_probs,
-        output_items_json=json.dumps(output_items, separators=(",", ":"), ensure_ascii=False),
-        token_item_index=carrier,
-        routed_experts_json=None if tokens.routed_experts is None else json.dumps(tokens.routed_experts),
-        parent_resolution=ParentResolution.ROOT if root else ParentResolution.UNRESOLVED,
-        parent_resolution_reason="" if root else "not_attempted",
-        cum_len=len(full),
-        digest=compute_digest(full),
-        request_fingerprint=ctx.request_fingerprint,
-        continuation_fingerprint=assistant_fingerprint(ctx.items + output_items),
-        continuation_context_len=len(ctx.items),
-        continuation_context_digest=context_digest if context_digest is not None else conversation_digest(ctx.items),
-        fingerprint_version=FINGERPRINT_VERSION,
-        finish_reason=finish_reason,
-        facts=facts,
-    )
-
-
-def _facts_dict(facts: CallFacts) -> dict[str, Any]:
-    return {name: getattr(facts, name) for name in facts.__dataclass_fields__}
-
-
-def incomplete_call(
-    call_id: str | None, reason: str, *, route: str, http_status: int | None = None, detail: str = ""
-) -> CallIncomplete:
-    return CallIncomplete(
-        model_call_id=call_id,
-        reason=reason,
-        http_status=http_status,
-        route=route,
-        detail=detail[:2000],
-        created_at=time.time(),
-    )
-
-
-def make_event(rollout_id: str, body: Any, source: str) -> RolloutEvent:
-    return RolloutEvent(
-        event_id=new_event_id(), rollout_id=rollout_id, emitted_at=time.time_ns() // 1000, source=source, body=body
-    )
+    return dataclasses.replace(record, **updates)

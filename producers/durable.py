@@ -19,17 +19,18 @@ import logging
 import time
 from typing import Callable
 
-import confluent_kafka
-
 from producers.publisher import KafkaPublisher, PublishFailed
 from producers.spool import UNCERTAIN, Spool
 from schemas.codec import event_id_of
 from schemas.errors import DurabilityError, TransportError
+from schemas.kafka.scan import TopicReader
 
 log = logging.getLogger("tokentrail.interceptor")
 
 # How far back the presence scan looks for records whose ack was lost.
 _PRESENCE_LOOKBACK_MS = 10 * 60 * 1000
+# Bound of each broker round trip of the presence scan (metadata, offsets, a stalled fetch).
+_PRESENCE_TIMEOUT_S = 10.0
 
 
 class DurableWriter:
@@ -112,7 +113,7 @@ class DurableWriter:
                     present = await asyncio.to_thread(self._present_event_ids, record.topic)
                 if not (record.uncertain and present is not None and event_id_of(record.value) in present):
                     await self._publisher.publish_raw(record.topic, record.key, record.value)
-            except (TransportError, confluent_kafka.KafkaException) as exc:
+            except TransportError as exc:  # the scan wraps client errors too
                 log.info("drain waiting for Kafka (%s)", exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
@@ -127,33 +128,14 @@ class DurableWriter:
 
     def _present_event_ids(self, topic: str) -> set[str]:
         """Event ids on ``topic`` written since the first uncertain record (minus a margin)."""
-        consumer = confluent_kafka.Consumer(
-            {"bootstrap.servers": self._bootstrap, "group.id": "tokentrail-spool-check", "enable.auto.commit": False}
-        )
+        reader = TopicReader(self._bootstrap, timeout_s=_PRESENCE_TIMEOUT_S)
         try:
-            meta = consumer.list_topics(topic, timeout=10).topics[topic]
-            since = self._uncertain_since_ms or 0
-            wanted = [confluent_kafka.TopicPartition(topic, p, since) for p in meta.partitions]
-            starts = consumer.offsets_for_times(wanted, timeout=10)
             present: set[str] = set()
-            for tp in starts:
-                low, high = consumer.get_watermark_offsets(tp, timeout=10)
-                start = tp.offset if tp.offset >= 0 else high
-                if start >= high:
-                    continue
-                consumer.assign([confluent_kafka.TopicPartition(topic, tp.partition, start)])
-                position = start
-                while position < high:
-                    msg = consumer.poll(5)
-                    if msg is None:
-                        raise TransportError(f"presence scan of {topic}[{tp.partition}] stalled at {position}")
-                    if msg.error():
-                        continue
-                    position = msg.offset() + 1
-                    try:
-                        present.add(event_id_of(msg.value()))
-                    except Exception:  # a foreign or corrupt record cannot be one of ours
-                        pass
+            for msg in reader.read_topic(topic, from_time_ms=self._uncertain_since_ms or 0):
+                try:
+                    present.add(event_id_of(msg.value()))
+                except Exception:  # a foreign or corrupt record cannot be one of ours
+                    pass
             return present
         finally:
-            consumer.close()
+            reader.close()

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import orjson
 
-from schemas.errors import ConfigError
+from schemas.errors import ConfigError, TokentrailError
 
 log = logging.getLogger("tokentrail.interceptor")
 
@@ -39,7 +39,7 @@ RENDER_PATH = "/v1/chat/completions/render"
 CHAT_PATH = "/v1/chat/completions"
 
 
-class EngineCallError(Exception):
+class EngineCallError(TokentrailError):
     """A side call to the engine (models, render, tokenize) failed; the message says how."""
 
     def __init__(self, message: str, status: int | None = None) -> None:

@@ -1,8 +1,10 @@
 """Finishing a rollout: publish RolloutFinished (the freeze request) with the result and terminal evidence.
 
 Three ways, one event: ``finish_rollout(...)`` (Python), ``tokentrail finish``
-(CLI) and ``POST /rollouts/<id>/finish`` on the interceptor (bearer token).
-Each returns only after Kafka acknowledged the event.
+(CLI) and ``POST /rollouts/<id>/finish`` on the interceptor (bearer token,
+``producers.control``). Each returns only after Kafka acknowledged the event.
+This module imports no HTTP framework: a trainer calling ``finish_rollout`` pulls
+in the Kafka client, not starlette (``test_finish_validation`` proves it).
 
 Every field is checked where it comes in, against what ``RolloutFinished.avsc`` can
 hold (``schemas.avro_fields``) and what it means: ``attempt`` is an integer in
@@ -16,25 +18,19 @@ never be acknowledged as a finish.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import Response
-
-from producers.capture import default_source, make_event
 from producers.dialects.common import json_type
-from producers.http import error_response, json_response
+from producers.events import default_source, make_event
 from producers.json_limits import load_json, nesting_problem
 from producers.publisher import KafkaPublisher, producer_config
 from schemas.avro_fields import INT_MAX, check_fields
-from schemas.errors import ContractError, TransportError
+from schemas.errors import ContractError
 from schemas.ids import validate_rollout_id
 from schemas.records import RolloutFinished
 from schemas.topics import ROLLOUT_EVENTS
 
-if TYPE_CHECKING:
-    from producers.app import Interceptor
-
+__all__ = ["FINISH_FIELDS", "finish_request_body", "finish_rollout", "finished_event_body"]
 
 FINISH_FIELDS = ("result", "final_response_id", "final_text", "attempt")
 
@@ -87,30 +83,20 @@ async def finish_rollout(
     return event.event_id
 
 
-async def handle_finish(app: Interceptor, request: Request, rollout_id: str) -> Response:
-    try:
-        validate_rollout_id(rollout_id)
-        raw = await request.body()
-        payload = load_json(raw, "the finish body") if raw.strip() else {}
-        if not isinstance(payload, dict):
-            raise ContractError("the finish body must be a JSON object: {result, final_response_id, final_text, "
-                                f"attempt}}, got a JSON {json_type(payload)}")
-        unknown = set(payload) - set(FINISH_FIELDS)
-        if unknown:
-            raise ContractError(f"unknown field(s) {sorted(unknown)}; allowed: {', '.join(FINISH_FIELDS)}")
-        attempt = payload.get("attempt")
-        body = finished_event_body(
-            payload.get("result"),
-            final_response_id=payload.get("final_response_id"),
-            final_text=payload.get("final_text"),
-            attempt=0 if attempt is None else attempt,  # null is "not given"; nothing else is coerced
-        )
-    except (ContractError, ValueError) as exc:
-        return error_response(400, str(exc), "invalid_request_error")
-    event = make_event(rollout_id, body, app.source)
-    try:
-        await app.publish_event(event)
-    except TransportError as exc:
-        return error_response(503, f"RolloutFinished not durable: {exc}", "capture_unavailable")
-    app.core.index.forget(rollout_id)  # a finished rollout is not continued
-    return json_response({"rollout_id": rollout_id, "event_id": event.event_id})
+def finish_request_body(raw: bytes) -> RolloutFinished:
+    """The RolloutFinished of a finish route's request body (empty: no result); ContractError or ValueError naming
+    what is wrong."""
+    payload = load_json(raw, "the finish body") if raw.strip() else {}
+    if not isinstance(payload, dict):
+        raise ContractError("the finish body must be a JSON object: {result, final_response_id, final_text, "
+                            f"attempt}}, got a JSON {json_type(payload)}")
+    unknown = set(payload) - set(FINISH_FIELDS)
+    if unknown:
+        raise ContractError(f"unknown field(s) {sorted(unknown)}; allowed: {', '.join(FINISH_FIELDS)}")
+    attempt = payload.get("attempt")
+    return finished_event_body(
+        payload.get("result"),
+        final_response_id=payload.get("final_response_id"),
+        final_text=payload.get("final_text"),
+        attempt=0 if attempt is None else attempt,  # null is "not given"; nothing else is coerced
+    )

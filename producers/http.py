@@ -1,11 +1,40 @@
-"""JSON and error responses in the shape OpenAI-compatible clients expect."""
+"""Stateless HTTP helpers of the interceptor: JSON and error responses, the engine's headers, forwarding.
+
+Guarantees: error bodies have the shape OpenAI-compatible clients expect
+(``{"error": {"message", "type", "code"}}``); a harness header value that is not
+ASCII (HTTP's latin-1 "obs-text") goes upstream as the very bytes the harness
+sent, so it never fails a call; a forwarded answer streams back unchanged (status,
+body, headers but the hop-by-hop ones). Nothing here holds state: every input is
+an argument.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
+import httpx
 import orjson
-from starlette.responses import Response
+from starlette.background import BackgroundTask
+from starlette.responses import Response, StreamingResponse
+
+if TYPE_CHECKING:
+    from pydantic import SecretStr
+    from starlette.datastructures import Headers
+    from starlette.requests import Request
+
+__all__ = ["DURABILITY_MESSAGE", "ErrorShape", "durability_error", "error_response", "forward", "json_response",
+           "upstream_headers"]
+
+# Request headers never forwarded upstream (hop-by-hop, or recomputed by httpx).
+_DROP_REQUEST_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "keep-alive", "upgrade",
+                         "accept-encoding"}
+_DROP_RESPONSE_HEADERS = {"content-length", "connection", "transfer-encoding", "keep-alive", "content-encoding"}
+
+DURABILITY_MESSAGE = ("tokentrail could not make the capture durable (Kafka unavailable and no spool); the call was "
+                      "not acknowledged so it cannot be trained on: retry it")
+
+# (status, message, error type) -> an error response in some dialect's shape.
+ErrorShape = Callable[[int, str, str], Response]
 
 
 def json_response(payload: Any, status: int = 200) -> Response:
@@ -14,3 +43,49 @@ def json_response(payload: Any, status: int = 200) -> Response:
 
 def error_response(status: int, message: str, kind: str) -> Response:
     return json_response({"error": {"message": message, "type": kind, "code": status}}, status)
+
+
+def durability_error(shape: ErrorShape = error_response) -> Response:
+    """The 503 of a call whose evidence could not be made durable (it must not be acknowledged)."""
+    return shape(503, DURABILITY_MESSAGE, "capture_unavailable")
+
+
+def upstream_headers(headers: Headers, api_key: SecretStr | None) -> dict[str, str | bytes]:
+    """The harness's headers for the engine.
+
+    With ``api_key`` the harness's credential is not forwarded at all and the key goes as
+    Bearer; without it an Anthropic ``x-api-key`` is also sent as ``Authorization: Bearer``
+    (vLLM's ``--api-key`` reads only that). A value that is not ASCII (httpx encodes str
+    values as ASCII and would fail the call) goes as the very bytes the harness sent.
+    """
+    out = {k.lower(): v for k, v in headers.items() if k.lower() not in _DROP_REQUEST_HEADERS}
+    if api_key is not None:
+        out.pop("x-api-key", None)
+        out["authorization"] = f"Bearer {api_key.get_secret_value()}"
+    elif "x-api-key" in out and "authorization" not in out:
+        out["authorization"] = f"Bearer {out['x-api-key']}"
+    return {k: v if v.isascii() else v.encode("latin-1", errors="replace") for k, v in out.items()}
+
+
+async def forward(client: httpx.AsyncClient, request: Request, api_path: str, headers: dict[str, str | bytes],
+                  shape: ErrorShape = error_response) -> Response:
+    """Stream ``request`` to the engine at ``api_path`` and its answer back, unchanged.
+
+    A path httpx cannot send is a 400 naming it, in ``shape``; an engine that cannot be
+    reached is a 502.
+    """
+    try:
+        url = httpx.URL(path=api_path, query=bytes(request.scope.get("query_string") or b""))
+        upstream_request = client.build_request(request.method, url, headers=headers, content=request.stream())
+    except httpx.InvalidURL as exc:  # e.g. a path starting with "//", or with a control character
+        return shape(400, f"invalid request path {api_path!r}: {exc}; send a path without empty segments ('//') or "
+                          "control characters", "invalid_request_error")
+    try:
+        upstream = await client.send(upstream_request, stream=True)
+    except Exception as exc:  # an in-process upstream raises anything, not only httpx errors
+        return error_response(502, f"model server unreachable: {exc!r}", "upstream_error")
+    kept = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_RESPONSE_HEADERS}
+    # An in-process transport may hand back an already-read body.
+    chunks = iter([upstream.content]) if upstream.is_stream_consumed else upstream.aiter_raw()
+    return StreamingResponse(chunks, status_code=upstream.status_code, headers=kept,
+                             background=BackgroundTask(upstream.aclose))

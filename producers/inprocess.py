@@ -8,6 +8,8 @@ from typing import Any, AsyncIterator, Callable
 import httpx
 from starlette.types import ASGIApp
 
+from schemas.errors import TokentrailError
+
 __all__ = ["InProcessEngineError", "StreamingASGITransport"]
 
 
@@ -16,7 +18,7 @@ _UNSUPPORTED_EXTENSIONS = frozenset({"http.response.pathsend", "http.response.ze
                                      "http.response.trailers", "http.response.early_hint"})
 
 
-class InProcessEngineError(httpx.TransportError):
+class InProcessEngineError(TokentrailError, httpx.TransportError):
     """The in-process engine raised instead of answering (or in the middle of its answer)."""
 
 

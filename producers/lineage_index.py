@@ -1,11 +1,9 @@
 """Request-time lineage: which earlier call of this rollout does a request continue?
 
 A bounded, per-rollout index of the calls this interceptor served. Resolution
-follows NeMo Gym: the lookup key is the fingerprint of the request's
-model-authored turns; a candidate is kept only if the request's first
-``context_len`` items hash to the context digest recorded for it; identical-
-token candidates collapse to the smallest call id; one survivor is RESOLVED,
-none is UNRESOLVED ``no_match``, several are UNRESOLVED ``ambiguous``. A rollout
+is the one request-time rule of ``schemas.lineage_rules`` (NeMo Gym's: the
+fingerprint of the request's model-authored turns, the context digest, the
+identical-token collapse); this module only supplies the candidates. A rollout
 this process has not seen (another worker served it, or it was evicted) is
 UNRESOLVED ``index_cold``. The processor re-verifies every claim, so eviction
 costs bytes (no delta record), never correctness.
@@ -22,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.hashing import conversation_prefix_digests
+from schemas.lineage_rules import ParentSelection, select_parent
 from schemas.records import ParentResolution
 
 
@@ -44,14 +42,9 @@ class _Rollout:
     tokens: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Resolution:
-    status: ParentResolution
-    parent: IndexedCall | None = None
-    reason: str = ""
+Resolution = ParentSelection[IndexedCall]  # status, parent (an IndexedCall when RESOLVED), reason
 
-
-ROOT = Resolution(ParentResolution.ROOT)
+ROOT: Resolution = ParentSelection(ParentResolution.ROOT)
 
 
 class LineageIndex:
@@ -69,25 +62,16 @@ class LineageIndex:
 
     def resolve(self, rollout_id: str, items: list[dict[str, Any]], fingerprint: str) -> Resolution:
         """The parent decision for a request, computed once, before dispatch."""
-        if not fingerprint:
-            return ROOT
+        return select_parent(fingerprint, items, lambda: self._candidates(rollout_id, fingerprint))
+
+    def _candidates(self, rollout_id: str, fingerprint: str) -> list[IndexedCall] | None:
+        """The indexed calls with this continuation fingerprint; None when the rollout is not indexed."""
         rollout = self._rollouts.get(rollout_id)
         if rollout is None:
-            return Resolution(ParentResolution.UNRESOLVED, reason="index_cold")
+            return None
         self._rollouts.move_to_end(rollout_id)
-        ids = list(dict.fromkeys(rollout.by_fingerprint.get(fingerprint, ())))
-        candidates = [rollout.calls[c] for c in ids if c in rollout.calls]
-        if candidates:
-            prefixes = conversation_prefix_digests(items)
-            candidates = [
-                c for c in candidates
-                if c.context_digest and c.context_len < len(prefixes) and prefixes[c.context_len] == c.context_digest
-            ]
-        if len(candidates) > 1 and len({(c.digest, c.cum_len) for c in candidates}) == 1:
-            candidates = [min(candidates, key=lambda c: c.call_id)]  # identical-token retries are interchangeable
-        if len(candidates) == 1:
-            return Resolution(ParentResolution.RESOLVED, candidates[0])
-        return Resolution(ParentResolution.UNRESOLVED, reason="ambiguous" if candidates else "no_match")
+        ids = dict.fromkeys(rollout.by_fingerprint.get(fingerprint, ()))
+        return [rollout.calls[c] for c in ids if c in rollout.calls]
 
     def record(
         self,

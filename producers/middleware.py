@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -39,11 +40,13 @@ from typing import Any
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from producers.adapters import openai_error
-from producers.app import Interceptor, default_adapters
+from producers.app import Interceptor
+from producers.dialects.base import DialectAdapter
+from producers.dialects.registry import DIALECTS
+from producers.http import error_response
 from producers.inprocess import StreamingASGITransport
 from producers.middleware_env import IN_PROCESS, claim_spool_dir, settings_from_env
-from producers.routing import GENERATING, parse_route
+from producers.routing import parse_route
 from producers.settings import InterceptorSettings
 from schemas.errors import ConfigError, ContractError, DurabilityError
 
@@ -142,26 +145,27 @@ class TokentrailMiddleware:
     async def _ensure_started(self) -> None:
         if self._ready:
             return
-        assert self.interceptor is not None
+        interceptor = self.interceptor
+        if interceptor is None:
+            raise ConfigError(f"tokentrail capture is not configured in this vLLM process: {self.config_error}")
         self._started = self._started or asyncio.Lock()
         async with self._started:
             if self._ready:
                 return
             if self._spool_parent is None:
-                await self.interceptor.startup()
+                await interceptor.startup()
             else:
-                await self._start_with_own_spool(Path(self._spool_parent))
+                await self._start_with_own_spool(interceptor, Path(self._spool_parent))
             self._ready = True
 
-    async def _start_with_own_spool(self, parent: Path) -> None:
+    async def _start_with_own_spool(self, interceptor: Interceptor, parent: Path) -> None:
         """Claim a per-process spool and start; another process may claim the same one first: try the next."""
-        assert self.interceptor is not None
         tried: set[Path] = set()
         for _ in range(8):
             directory = await asyncio.to_thread(claim_spool_dir, parent, frozenset(tried))
-            self.interceptor.settings = self.interceptor.settings.model_copy(update={"spool_dir": directory})
+            interceptor.settings = interceptor.settings.model_copy(update={"spool_dir": directory})
             try:
-                await self.interceptor.startup()
+                await interceptor.startup()
             except DurabilityError:
                 tried.add(directory)
                 continue
@@ -208,12 +212,16 @@ def _route_raw_path(scope: Scope) -> bytes:
 def _unavailable(path: str, message: str) -> Any:
     """A 503 in the calling dialect's error shape."""
     try:
-        dialect = GENERATING.get(parse_route(path).api_path.rstrip("/"))
+        spec = DIALECTS.for_path(parse_route(path).api_path)
     except ContractError:
-        dialect = None
-    adapter = default_adapters().get(dialect) if dialect else None
+        spec = None
+    adapter = _adapters().get(spec.name) if spec else None
     if adapter is not None:
         return adapter.error(503, message, "capture_unavailable")
-    return openai_error(503, message, "capture_unavailable")
+    return error_response(503, message, "capture_unavailable")
 
 
+@functools.cache
+def _adapters() -> dict[str, DialectAdapter]:
+    # Built on first use: only a process whose capture is off or failing needs them here.
+    return DIALECTS.load_adapters()

@@ -41,13 +41,8 @@ class Route:
     rollout_id: str | None = None
 
 
-# Generating routes per dialect; everything else under the capture prefix is
-# either known to be non-generating (served without masking) or unknown.
-GENERATING = {
-    "/v1/chat/completions": "chat",
-    "/v1/messages": "anthropic",
-    "/v1/responses": "responses",
-}
+# Generating routes are the dialects' (``producers.dialects.registry``); everything else under
+# the capture prefix is either known to be non-generating (served without masking) or unknown.
 NON_GENERATING = ("/v1/models", "/v1/messages/count_tokens", "/health", "/v1/health", "/tokenize", "/detokenize")
 
 
@@ -125,9 +120,3 @@ def finish_rollout_id(path: str, raw_path: bytes | None = None) -> str | None:
     if len(decoded) != 3 or decoded[1] != rollout_id:  # the decoded path must say the same
         raise ContractError(f"invalid rollout id {rollout_id!r}: the path reads differently decoded ({path!r})")
     return rollout_id
-
-
-def dialect_of_path(path: str) -> str | None:
-    """The dialect whose generating route ``path`` ends with (for errors before a route is parsed)."""
-    stripped = path.rstrip("/")
-    return next((dialect for route, dialect in GENERATING.items() if stripped.endswith(route)), None)

@@ -18,8 +18,10 @@ import json
 import sys
 from array import array
 from enum import StrEnum
+from collections.abc import Mapping
 from functools import cache
 from importlib import resources
+from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 import fastavro
@@ -96,7 +98,10 @@ _U32 = _Packed("I")
 _F64 = _Packed("d")
 assert array("I").itemsize == 4 and array("d").itemsize == 8
 
-_NESTED: dict[type, dict[str, Any]] = {
+Nested = Mapping[type, Mapping[str, Any]]
+
+# Read-only: a module defining its own records passes ``with_nested(...)`` to its codecs instead.
+_NESTED: Nested = MappingProxyType({
     CallFacts: {"dialect": Dialect},
     CallCaptured: {"facts": CallFacts, "parent_resolution": ParentResolution, "prompt_token_ids": _U32,
                    "generation_token_ids": _U32, "generation_log_probs": _F64},
@@ -106,12 +111,14 @@ _NESTED: dict[type, dict[str, Any]] = {
     Trajectory: {"spans": [CallSpan], "token_ids": _U32, "log_probs": _F64},
     CaptureMetrics: {"terminal_attribution": TerminalAttribution},
     RebuiltRollout: {"mask_reasons": [MaskReason], "trajectory": Trajectory, "metrics": CaptureMetrics},
-}
+})
 
 
-def register_nested(cls: type, nested: dict[str, Any]) -> None:
-    """Declare how a record type's nested fields convert (for record types defined outside schemas)."""
-    _NESTED[cls] = nested
+def with_nested(extra: Nested) -> Nested:
+    """The contract's conversion table plus ``extra`` (record types defined outside schemas, e.g. the
+    processor's state records), as a new table: nothing global changes, so importing a module that
+    defines records cannot alter how any other record converts."""
+    return MappingProxyType({**_NESTED, **extra})
 
 
 @cache
@@ -119,10 +126,13 @@ def _field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
-def to_avro(obj: Any) -> dict[str, Any]:
-    """Plain Avro datum (dicts, lists, str) of a record; enums become their symbol."""
+def to_avro(obj: Any, table: Nested = _NESTED) -> dict[str, Any]:
+    """Plain Avro datum (dicts, lists, str) of a record; enums become their symbol.
+
+    ``table`` says how nested fields convert (the contract's by default; see ``with_nested``).
+    """
     cls = type(obj)
-    nested = _NESTED.get(cls, {})
+    nested = table.get(cls, {})
     out: dict[str, Any] = {}
     for name in _field_names(cls):
         value = getattr(obj, name)
@@ -130,21 +140,21 @@ def to_avro(obj: Any) -> dict[str, Any]:
         if kind is None or value is None:
             out[name] = value
         elif kind is _BODY:
-            out[name] = (_BODY_NAMES[type(value)], to_avro(value))
+            out[name] = (_BODY_NAMES[type(value)], to_avro(value, table))
         elif isinstance(kind, _Packed):
             out[name] = kind.pack(value)
         elif isinstance(kind, list):
-            out[name] = [to_avro(v) for v in value]
+            out[name] = [to_avro(v, table) for v in value]
         elif isinstance(kind, type) and issubclass(kind, StrEnum):
             out[name] = str(value)
         else:
-            out[name] = to_avro(value)
+            out[name] = to_avro(value, table)
     return out
 
 
-def from_avro(cls: type[T], datum: dict[str, Any]) -> T:
+def from_avro(cls: type[T], datum: dict[str, Any], table: Nested = _NESTED) -> T:
     """Record of type ``cls`` from a decoded Avro datum (the inverse of ``to_avro``)."""
-    nested = _NESTED.get(cls)
+    nested = table.get(cls)
     if nested:
         datum = dict(datum)
         for name, kind in nested.items():
@@ -153,15 +163,15 @@ def from_avro(cls: type[T], datum: dict[str, Any]) -> T:
                 continue
             if kind is _BODY:
                 type_name, body = value
-                datum[name] = from_avro(_BODY_TYPES[type_name], body)
+                datum[name] = from_avro(_BODY_TYPES[type_name], body, table)
             elif isinstance(kind, _Packed):
                 datum[name] = kind.unpack(value)
             elif isinstance(kind, list):
-                datum[name] = [from_avro(kind[0], v) for v in value]
+                datum[name] = [from_avro(kind[0], v, table) for v in value]
             elif isinstance(kind, type) and issubclass(kind, StrEnum):
                 datum[name] = kind(value)
             else:
-                datum[name] = from_avro(kind, value)
+                datum[name] = from_avro(kind, value, table)
     return cls(**datum)
 
 
@@ -175,10 +185,15 @@ def _fingerprint_of(parsed: Any) -> bytes:
 
 
 class RecordCodec(Generic[T]):
-    """Encoder/decoder of one top-level record type (event, snapshot, rebuilt)."""
+    """Encoder/decoder of one top-level record type (event, snapshot, rebuilt).
 
-    def __init__(self, cls: type[T], schema_name: str, supported_version: int) -> None:
+    ``nested`` is the conversion table of its nested fields: the contract's by default; a record
+    type defined outside schemas passes ``with_nested({...})`` (explicit, never registered globally).
+    """
+
+    def __init__(self, cls: type[T], schema_name: str, supported_version: int, *, nested: Nested = _NESTED) -> None:
         self.cls = cls
+        self.nested = nested
         self.schema_name = schema_name
         self.supported_version = supported_version
         with resources.as_file(_schema_dir() / f"tokentrail.{schema_name}.avsc") as path:
@@ -193,7 +208,7 @@ class RecordCodec(Generic[T]):
         buf = io.BytesIO()
         buf.write(self._header)
         try:
-            fastavro.schemaless_writer(buf, self.schema, to_avro(record))
+            fastavro.schemaless_writer(buf, self.schema, to_avro(record, self.nested))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise CodecError(f"cannot encode {self.schema_name}: {exc}") from exc
         return buf.getvalue()
@@ -234,7 +249,7 @@ class RecordCodec(Generic[T]):
     def decode(self, data: bytes) -> T:
         datum = self.decode_datum(data)
         try:
-            return from_avro(self.cls, datum)
+            return from_avro(self.cls, datum, self.nested)
         except (TypeError, ValueError) as exc:
             raise CodecError(f"{self.schema_name} violates the contract: {exc}") from exc
 

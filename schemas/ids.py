@@ -4,6 +4,12 @@ Rollout ids are caller-chosen and are rejected, never rewritten, when they do no
 match ``ROLLOUT_ID_PATTERN``. Model call ids are minted by the interceptor.
 Response ids returned to a harness embed the model call id, so the response id
 a harness reports as its final answer names the call exactly.
+
+A response id is ``<prefix>tt<model call id>``. The prefixes belong to the dialects
+(``producers.dialects.registry``: ``chatcmpl-``, ``msg_``, ``resp_``, ...) and are not
+listed here: any prefix matching ``RESPONSE_ID_PREFIX_RULE`` (letters and digits, ending
+in ``-`` or ``_``) is read back by ``call_id_from_response_id``, so a new dialect needs no
+edit here and readers of old ids keep working.
 """
 
 from __future__ import annotations
@@ -15,10 +21,13 @@ from schemas.errors import ContractError
 
 ROLLOUT_ID_RULE = "^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 ROLLOUT_ID_PATTERN = re.compile(ROLLOUT_ID_RULE)
-_CALL_ID_PATTERN = re.compile(r"[0-9a-f]{32}")
-# One marker for every dialect: chatcmpl-tt<id>, msg_tt<id>, resp_tt<id>.
-_RESPONSE_ID_PREFIXES = {"chat": "chatcmpl-tt", "anthropic": "msg_tt", "responses": "resp_tt"}
-_RESPONSE_ID_PATTERN = re.compile(r"(?:chatcmpl-|msg_|resp_)tt([0-9a-f]{32})")
+# A dialect's response-id prefix: what the dialect's SDKs expect ids to start with.
+RESPONSE_ID_PREFIX_RULE = "^[A-Za-z][A-Za-z0-9_-]*[-_]$"
+_RESPONSE_ID_PREFIX_PATTERN = re.compile(RESPONSE_ID_PREFIX_RULE)
+# One marker for every dialect (chatcmpl-tt<id>, msg_tt<id>, resp_tt<id>): it tells an id we
+# minted from the engine's or a harness's own ids.
+RESPONSE_ID_MARKER = "tt"
+_RESPONSE_ID_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_-]*?[-_]tt([0-9a-f]{32})")
 
 
 def validate_rollout_id(rollout_id: object) -> str:
@@ -40,18 +49,24 @@ def new_event_id() -> str:
     return uuid.uuid4().hex
 
 
-def response_id_for(dialect: str, model_call_id: str) -> str:
-    """The response id the harness sees for a call; it embeds the call id."""
-    return _RESPONSE_ID_PREFIXES[dialect] + model_call_id
+def check_response_id_prefix(prefix: object) -> str:
+    """Return the prefix unchanged, or raise ContractError naming the rule."""
+    if not isinstance(prefix, str) or not _RESPONSE_ID_PREFIX_PATTERN.fullmatch(prefix):
+        raise ContractError(f"invalid response-id prefix {prefix!r}: it must match {RESPONSE_ID_PREFIX_RULE} "
+                            "(such as 'chatcmpl-' or 'msg_') so that call_id_from_response_id reads it back")
+    return prefix
+
+
+def response_id(prefix: str, model_call_id: str) -> str:
+    """The response id the harness sees for a call: ``prefix`` (its dialect's) + ``tt`` + the call id."""
+    return check_response_id_prefix(prefix) + RESPONSE_ID_MARKER + model_call_id
 
 
 def call_id_from_response_id(response_id: str | None) -> str | None:
-    """The model call id a response id declares, or None if it names none."""
+    """The model call id a response id declares (``<prefix>tt<32 hex>`` anywhere in it), or None."""
     if not response_id:
         return None
     match = _RESPONSE_ID_PATTERN.search(response_id)
     return match.group(1) if match else None
 
 
-def is_model_call_id(value: str) -> bool:
-    return bool(_CALL_ID_PATTERN.fullmatch(value))

@@ -44,16 +44,25 @@ class Dialect(StrEnum):
 
 
 class IncompleteReason(StrEnum):
-    """Why a call's tokens were lost. The wire field is a string, so readers accept unknown reasons."""
+    """Every reason a ``CallIncomplete`` marker carries: the one home of those codes.
 
+    Each member says who emits it. The wire field ``CallIncomplete.reason`` stays a plain
+    string, so a reader accepts a reason it does not know (one from a newer writer, or a
+    retired one such as ``client_disconnected``, which nothing emitted and is no longer
+    listed); values are wire strings and never change.
+    """
+
+    # --- producers (the capture interceptor) ---
     UPSTREAM_ERROR = "upstream_error"
     MISSING_TOKEN_IDS = "missing_token_ids"
     PARTIAL_TOKEN_METADATA = "partial_token_metadata"
     UNKNOWN_ROUTE = "unknown_route"
+    # A generating call this build cannot capture (producers.app): forwarded uncaptured and
+    # the rollout marked incomplete (fail closed).
+    CAPTURE_UNSUPPORTED = "capture_unsupported"
     STREAM_INTERRUPTED = "stream_interrupted"
     CAPTURE_EXCEPTION = "capture_exception"
     PREFIX_NOT_APPLIED = "prefix_not_applied"
-    CLIENT_DISCONNECTED = "client_disconnected"
     # The engine refused the request (HTTP 4xx: context too long, unknown model, ...); detail
     # carries its message, so the mask reason says why.
     ENGINE_REJECTED = "engine_rejected"
@@ -63,6 +72,57 @@ class IncompleteReason(StrEnum):
     # The engine answered, but its answer cannot be expressed in the harness's dialect
     # (e.g. tool arguments that are not a JSON object for Anthropic); the harness got a 502.
     UNTRANSLATABLE_OUTPUT = "untranslatable_output"
+
+    # --- processors (fold and snapshot assembly): markers a snapshot carries, never on rollout-events ---
+    # Two CallCaptured records with one model_call_id and different payloads (processors.fold).
+    CONFLICTING_PAYLOAD = "conflicting_payload"
+    # A CallStarted intent with no capture when the rollout froze (processors.snapshot, derived).
+    INTENT_WITHOUT_CAPTURE = "intent_without_capture"
+    # The assembled snapshot exceeds the snapshots topic's message size; its calls are left out.
+    SNAPSHOT_TOO_LARGE = "snapshot_too_large"
+
+    # --- consumers (the NeMo Gym adapters) ---
+    # A call the gym harness marked incomplete itself (consumers.gym.adapters mark_incomplete).
+    MARKED_INCOMPLETE = "marked_incomplete"
+
+
+class MaskCode(StrEnum):
+    """Every ``MaskReason.code`` a rebuilt rollout can carry: the one home of those codes.
+
+    The wire field ``MaskReason.code`` is a plain string (readers accept unknown codes);
+    values are wire strings and never change. ``tests/unit/schemas/test_rule_codes.py``
+    proves no module builds a ``MaskReason`` (or a ``CallIncomplete``) from a bare string.
+    """
+
+    # --- the snapshot (consumers.rebuild.builder) ---
+    CAPTURE_INCOMPLETE = "capture_incomplete"
+    LATE_WRITE = "late_write"
+    NO_CALLS = "no_calls"
+    BUILD_ERROR = "build_error"
+    # --- no policy call (gym mode, or nothing live) ---
+    ALL_SIDE_CALLS = "all_side_calls"
+    NO_GENERATED_TOKENS = "no_generated_tokens"
+    # --- lineage of the delivered chain ---
+    UNRESOLVED_PARENT = "unresolved_parent"
+    UNRESOLVED_RETRY = "unresolved_retry"
+    MULTIPLE_ROOTS = "multiple_roots"
+    MULTIPLE_CHAINS = "multiple_chains"
+    # --- terminal attribution (consumers.rebuild.terminal) ---
+    NO_TERMINAL = "no_terminal"
+    TERMINAL_NOT_CAPTURED = "terminal_not_captured"
+    TERMINAL_EMPTY = "terminal_empty"
+    TERMINAL_IS_SIDE_CALL = "terminal_is_side_call"
+    TERMINAL_AMBIGUOUS = "terminal_ambiguous"
+    # --- record content (consumers.rebuild.validity, consumers.rebuild.trajectory) ---
+    INVALID_RESULT = "invalid_result"
+    NON_FINITE_LOG_PROB = "non_finite_log_prob"
+    NON_FINITE_VALUE = "non_finite_value"
+    INVALID_RECORD = "invalid_record"
+    # --- sinks ---
+    # The record exceeds the Kafka sink topic's message size (consumers.sinks.kafka).
+    RECORD_TOO_LARGE = "record_too_large"
+    # A finish group that cannot be grouped; yielded as a group of one (consumers.sinks.stream).
+    INVALID_GROUP = "invalid_group"
 
 
 @dataclass(**_FROZEN)

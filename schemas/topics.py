@@ -1,9 +1,10 @@
-"""Topic names and the partitioning contract.
+"""Topic names, topic limits and the record key.
 
-Every event of a rollout is keyed by the UTF-8 rollout id, so all of a rollout's
-events land on one partition, in the order the producer acknowledged them.
-Producers must use librdkafka's ``murmur2_random`` partitioner so that keys land
-where Java, aiokafka and Faust put them (librdkafka's default, CRC32, does not).
+Every event of a rollout is keyed by the UTF-8 rollout id (`key_for`), so all of a
+rollout's events land on one partition, in the order the producer acknowledged
+them. Which partition, and every client setting that makes it so (the
+``murmur2_random`` partitioner, ``acks=all``), is the Kafka binding in
+``schemas.kafka`` (``config``, ``partitioning``).
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ ROLLOUT_EVENTS_RETENTION_MS = 7 * 24 * 3600 * 1000
 # Snapshots of long rollouts are large (delta-encoded token arrays); the topic
 # and the producers are configured for this limit.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-
-PRODUCER_PARTITIONER = "murmur2_random"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -9,7 +9,7 @@ events interleave as they would on a partition.
 
 Two measurements of the same events:
 
-1. the pure fold over a dict (``fold_raw``, with Kafka positions, as live);
+1. the pure fold over an in-memory state (``processors.replay``, with Kafka positions, as live);
 2. a real ``tokentrail process`` worker (Faust, RocksDB through rocksdict) on
    a real broker (``--bootstrap``, else a jar broker it starts): the events are
    published first, then one worker folds them; its rate is the events over
@@ -112,20 +112,17 @@ def workload(args: argparse.Namespace) -> list[tuple[bytes, bytes]]:
 
 def pure_fold(records: list[tuple[bytes, bytes]], repeat: int) -> tuple[float, float, float]:
     """(best events/s, capture write bytes / capture event bytes, all write bytes / all event bytes)."""
-    from processors.fold import apply_writes, fold_raw
+    from processors.replay import replay
 
     best = 0.0
     for _ in range(repeat):
-        state: dict = {}
         start = time.perf_counter()
-        for offset, (key, value) in enumerate(records):
-            apply_writes(state, fold_raw(state, key, value, position=(0, offset)))
+        for _step in replay(records, offsets_from=0):
+            pass
         best = max(best, len(records) / (time.perf_counter() - start))
     written = event_bytes = cap_written = cap_bytes = 0
-    state = {}
-    for offset, (key, value) in enumerate(records):
-        res = fold_raw(state, key, value, position=(0, offset))
-        apply_writes(state, res)
+    for (key, value), step in zip(records, replay(records, offsets_from=0)):
+        res = step.result
         w = sum(len(k) + len(v or b"") for k, v in res.writes.items())
         written, event_bytes = written + w, event_bytes + len(key) + len(value)
         if not res.emitted:  # the captures (finishes also assemble a snapshot, which is not state)
@@ -138,7 +135,7 @@ def faust_worker(records: list[tuple[bytes, bytes]], bootstrap: str, run_dir: Pa
     import confluent_kafka
 
     from compose.topics import ensure_topics, produce_all
-    from producers.publisher import producer_config
+    from schemas.kafka.config import producer_config
     from schemas.topics import topic_names
 
     tag = uuid.uuid4().hex[:8]

@@ -196,7 +196,7 @@ def _warm_broker(bootstrap: str, n: int, tag: str, size: int = 6 << 10) -> list[
         return []
     import confluent_kafka
 
-    from producers.publisher import producer_config
+    from schemas.kafka.config import producer_config
 
     producer = confluent_kafka.Producer(producer_config(bootstrap, linger_ms=0))
     topic, value, out = f"bench{tag}.warmup", b"x" * size, []

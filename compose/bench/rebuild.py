@@ -33,14 +33,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def synth_snapshot(n_calls: int, n_tokens: int, rollout_id: str = "bench") -> Any:
     """A folded snapshot: ``n_calls`` chained calls whose final sequence is ``n_tokens`` long."""
-    from processors.fold import apply_writes, fold
+    from processors.fold import fold
+    from processors.replay import MemoryState
     from schemas.hashing import compute_digest
     from schemas.records import CallCaptured, CallFacts, ParentResolution, RolloutEvent, RolloutFinished
 
     gen = max(1, (n_tokens * 3 // 10) // n_calls)
     first = max(1, n_tokens // 10)
     delta = max(0, (n_tokens - first - gen * n_calls) // max(1, n_calls - 1))
-    state: dict = {}
+    state = MemoryState()
     cumulative: list[int] = []
     parent: CallCaptured | None = None
     for i in range(n_calls):
@@ -62,7 +63,7 @@ def synth_snapshot(n_calls: int, n_tokens: int, rollout_id: str = "bench") -> An
             facts=CallFacts(route="/v1/chat/completions", requested_model="policy", tools_present=True),
         )
         event = RolloutEvent(event_id=f"e{i}", rollout_id=rollout_id, emitted_at=i, source="bench", body=call)
-        apply_writes(state, fold(state, event))
+        state.apply(fold(state, event))
         cumulative, parent = full, call
     done = RolloutEvent(event_id="fin", rollout_id=rollout_id, emitted_at=n_calls, source="bench",
                         body=RolloutFinished(result_json='{"reward": 1.0}'))

@@ -14,6 +14,7 @@ import platform
 from pathlib import Path
 
 from compose import npm_cli
+from schemas.errors import TokentrailError
 
 CLAUDE_CODE_VERSION = "2.1.332"
 CLAUDE_CODE_PACKAGE = "@anthropic-ai/claude-code"
@@ -21,7 +22,7 @@ CLAUDE_CODE_PACKAGE = "@anthropic-ai/claude-code"
 PIN_DIR = Path(__file__).resolve().parent  # package.json and package-lock.json live beside this module
 
 
-class ClaudeCodeUnavailable(RuntimeError):
+class ClaudeCodeUnavailable(TokentrailError, RuntimeError):
     """The CLI cannot be installed here (no npm, no registry, no binary for this platform)."""
 
 

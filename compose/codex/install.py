@@ -13,6 +13,7 @@ import platform
 from pathlib import Path
 
 from compose import npm_cli
+from schemas.errors import TokentrailError
 
 CODEX_VERSION = "0.171.0"
 CODEX_PACKAGE = "@openai/codex"
@@ -31,7 +32,7 @@ _TARGETS: dict[tuple[str, str], tuple[str, str]] = {
 }
 
 
-class CodexUnavailable(RuntimeError):
+class CodexUnavailable(TokentrailError, RuntimeError):
     """The CLI cannot be installed here (no npm, no registry, no binary for this platform)."""
 
 

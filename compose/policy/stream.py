@@ -29,9 +29,10 @@ from compose.policy.control import Flight
 from compose.policy.parsing import OutputParser
 from compose.policy.protocol import ResponseShaper, dumps, error_body
 from compose.policy.settings import PolicySettings
+from schemas.errors import TokentrailError
 
 
-class StalledStreamAborted(RuntimeError):
+class StalledStreamAborted(TokentrailError, RuntimeError):
     """Raised inside a stalled stream after ``stall_seconds``: the connection is aborted."""
 
 

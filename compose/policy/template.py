@@ -30,6 +30,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from schemas.errors import TokentrailError
+
 GENERATION_PROMPT = "\n<|im_start|>assistant\n"
 IMAGE_PLACEHOLDER = "[image]"
 _TOOLS_HEADER = (
@@ -40,7 +42,7 @@ _TOOLS_HEADER = (
 _ROLE_ALIASES = {"developer": "system", "function": "tool"}
 
 
-class TemplateError(ValueError):
+class TemplateError(TokentrailError, ValueError):
     """The messages cannot be rendered (the server answers 400 with this text)."""
 
 

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from schemas.errors import TokentrailError
+
 JSON_ONLY = "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed"
 
 
-class RequestError(Exception):
+class RequestError(TokentrailError):
     def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError",
                  param: str | None = None) -> None:
         super().__init__(message)

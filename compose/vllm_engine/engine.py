@@ -23,6 +23,8 @@ from pathlib import Path
 
 import httpx
 
+from schemas.errors import TokentrailError
+
 ROOT = Path(__file__).resolve().parents[2]
 SERVED_NAME = "tokentrail-tiny"
 SERVE_CONFIG = Path(__file__).resolve().parent / "serve.yaml"  # the flags tokentrail needs, as deployed
@@ -34,7 +36,7 @@ ENGINE_FLAGS = (
 )
 
 
-class EngineUnavailable(RuntimeError):
+class EngineUnavailable(TokentrailError, RuntimeError):
     """The vLLM environment is missing or the engine did not come up; the message says which and how to fix it."""
 
 

@@ -37,22 +37,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from consumers.replay.eventlog import EventLog
-from consumers.sinks.kafka import AckedProducer
-from processors.fold import apply_writes, fold_raw
-from processors.state import header_codec, header_key
+from processors.replay import MemoryState, Replayed, RolloutHeader, replay
 from schemas.codec import encode_event
 from schemas.errors import ContractError
-from schemas.hashing import FINGERPRINT_VERSION, assistant_fingerprint, compute_digest, conversation_prefix_digests
+from schemas.hashing import FINGERPRINT_VERSION, assistant_fingerprint, compute_digest
+from schemas.lineage_rules import published_candidates, select_parent
 from schemas.ids import new_event_id, validate_rollout_id
+from schemas.kafka.bridge import AckedProducer
+from schemas.kafka.config import producer_config
 from schemas.records import (
-    CallCaptured, CallFacts, CallIncomplete, CallStarted, ParentResolution, RetireRequested, RolloutEvent,
-    RolloutFinished,
+    CallCaptured, CallFacts, CallIncomplete, CallStarted, IncompleteReason, ParentResolution, RetireRequested,
+    RolloutEvent, RolloutFinished,
 )
 from schemas.topics import ROLLOUT_EVENTS, key_for
 
 GYM_SCHEMA_VERSION = 5
 GYM_ROUTE = "/gym/token-capture"
-MARKED_INCOMPLETE = "marked_incomplete"
+MARKED_INCOMPLETE = IncompleteReason.MARKED_INCOMPLETE  # alias; the member is its one home
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +159,7 @@ class _Client:
     async def publish(self, rollout_id: str, body: Any) -> str:
         validate_rollout_id(rollout_id)
         if self._producer is None:
-            self._producer = AckedProducer(self.bootstrap)
+            self._producer = AckedProducer(producer_config(self.bootstrap))
         event = RolloutEvent(event_id=new_event_id(), rollout_id=rollout_id, emitted_at=time.time_ns() // 1000,
                              source=self.source, body=body)
         await self._producer.produce(self.topic, key_for(rollout_id), encode_event(event))
@@ -184,11 +185,18 @@ class _Client:
 def _calls_in(records: Iterator[Any]) -> dict[str, CallCaptured]:
     """First published body per call id (what the fold keeps), in log order."""
     calls: dict[str, CallCaptured] = {}
+    for _ in _decoded(records, calls):
+        pass
+    return calls
+
+
+def _decoded(records: Iterator[Any], calls: dict[str, CallCaptured]) -> Iterator[Any]:
+    """The records, each decoded first (an undecodable one raises) and its first call body kept in ``calls``."""
     for record in records:
         body = record.decode().body
         if isinstance(body, CallCaptured):
             calls.setdefault(body.model_call_id, body)
-    return calls
+        yield record
 
 
 class TokenSink:
@@ -259,31 +267,28 @@ class TokenSource:
 
 
 def _fold_until(records: Iterator[Any], rollout_id: str, event_id: str) -> tuple[Any, dict[str, CallCaptured]]:
-    state: dict[bytes, bytes] = {}
     calls: dict[str, CallCaptured] = {}
-    key = key_for(rollout_id)
-    for record in records:
-        event = record.decode()
-        if isinstance(event.body, CallCaptured):
-            calls.setdefault(event.body.model_call_id, event.body)
-        result = fold_raw(state, key, record.value)
-        apply_writes(state, result)
-        if event.event_id == event_id:
-            if not result.snapshots:
-                raise ContractError(f"rollout {rollout_id!r} did not freeze: it was retired earlier")
-            return result.snapshots[-1], calls
-    raise ContractError(f"the finish event of rollout {rollout_id!r} is not in the log")
+    step = _replay_through(_decoded(records, calls), rollout_id, event_id, MemoryState(), "finish")
+    if not step.snapshots:
+        raise ContractError(f"rollout {rollout_id!r} did not freeze: it was retired earlier")
+    return step.snapshots[-1], calls
 
 
-def _header_after(records: Iterator[Any], rollout_id: str, event_id: str) -> Any:
-    state: dict[bytes, bytes] = {}
-    key = key_for(rollout_id)
-    for record in records:
-        apply_writes(state, fold_raw(state, key, record.value))
-        if record.decode().event_id == event_id:
-            raw = state.get(header_key(rollout_id))
-            return header_codec().decode(raw) if raw is not None else None
-    raise ContractError(f"the retire event of rollout {rollout_id!r} is not in the log")
+def _header_after(records: Iterator[Any], rollout_id: str, event_id: str) -> RolloutHeader | None:
+    state = MemoryState()
+    _replay_through(_decoded(records, {}), rollout_id, event_id, state, "retire")
+    return state.header(rollout_id)
+
+
+def _replay_through(records: Iterator[Any], rollout_id: str, event_id: str, state: MemoryState,
+                    what: str) -> Replayed:
+    """The fold's step of this adapter's own event, the rollout's log folded up to it into ``state``."""
+    step = None
+    for step in replay(records, state=state, key=key_for(rollout_id), stop_after=event_id):
+        pass
+    if step is None or step.event_id != event_id:
+        raise ContractError(f"the {what} event of rollout {rollout_id!r} is not in the log")
+    return step
 
 
 class TokenLineage:
@@ -300,21 +305,14 @@ class TokenLineage:
         if not fingerprint:
             return LineageResolution("root")
         calls = await self._client.read(_calls_in, rollout_id)
-        prefixes = conversation_prefix_digests(request_items)
-        found = [
-            c for c in calls.values()
-            if c.continuation_fingerprint == fingerprint and c.fingerprint_version == FINGERPRINT_VERSION
-            and c.continuation_context_len < len(prefixes)
-            and prefixes[c.continuation_context_len] == c.continuation_context_digest
-        ]
-        if len(found) > 1 and len({(c.cum_len, c.digest) for c in found}) == 1:
-            found = [min(found, key=lambda c: c.model_call_id)]  # identical-token retries are interchangeable
-        if len(found) != 1:
-            return LineageResolution("unresolved", reason="ambiguous" if found else "no_match")
-        tokens = _cumulative(found[0], calls)
+        # The interceptor's request-time rule, over every published call instead of one worker's index.
+        chosen = select_parent(fingerprint, request_items, lambda: published_candidates(calls.values(), fingerprint))
+        if chosen.parent is None:
+            return LineageResolution(chosen.status.value.lower(), reason=chosen.reason)
+        match = chosen.parent.call
+        tokens = _cumulative(match, calls)
         if tokens is None:
             return LineageResolution("unresolved", reason="delta_chain_unreconstructable")
-        match = found[0]
         return LineageResolution("resolved", LineageMatch(match.model_call_id, tokens, match.cum_len, match.digest))
 
     async def close(self) -> None:

@@ -35,7 +35,7 @@ from consumers.rebuild.sidecalls import classify_side_calls
 from consumers.rebuild.terminal import Attribution, attribute_by_evidence, attribute_by_heuristic
 from consumers.rebuild.trajectory import ChainError, chain_trajectory
 from consumers.rebuild.validity import checked_record
-from schemas.records import CallCaptured, CaptureMetrics, MaskReason, RebuiltRollout, Snapshot, Trajectory
+from schemas.records import CallCaptured, CaptureMetrics, IncompleteReason, MaskCode, MaskReason, RebuiltRollout, Snapshot, Trajectory
 
 _DEFAULT_RULES = RebuildRules()
 
@@ -45,13 +45,13 @@ def rebuild(snapshot: Snapshot, rules: RebuildRules = _DEFAULT_RULES) -> Rebuilt
     reasons = _snapshot_reasons(snapshot, rules)
     if not snapshot.calls:
         error = "capture contains no token records"
-        reasons.append(MaskReason(code="no_calls", detail=error))
+        reasons.append(MaskReason(code=MaskCode.NO_CALLS, detail=error))
         return _record(snapshot, reasons, None, None, empty_metrics(snapshot, error))
     try:
         return _rebuild(snapshot, rules, reasons)
     except Exception as exc:  # fail closed: a bug or a forged snapshot masks one rollout, never the stream
         error = f"{type(exc).__name__}: {exc}"
-        reasons.append(MaskReason(code="build_error", detail=error))
+        reasons.append(MaskReason(code=MaskCode.BUILD_ERROR, detail=error))
         return _record(snapshot, reasons, None, None, empty_metrics(snapshot, error))
 
 
@@ -78,7 +78,7 @@ def _rebuild(snapshot: Snapshot, rules: RebuildRules, reasons: list[MaskReason])
                 heuristic.notes = {**attribution.notes, **heuristic.notes}
                 attribution = heuristic
             else:
-                attribution.failure = "no_terminal"
+                attribution.failure = MaskCode.NO_TERMINAL
                 attribution.detail = f"no evidence names the terminal and the allowed methods are {list(rules.terminal_methods)}"
 
     delivered = ancestry(attribution.node) if attribution.node is not None else None
@@ -97,7 +97,7 @@ def _rebuild(snapshot: Snapshot, rules: RebuildRules, reasons: list[MaskReason])
         except Exception as exc:  # ChainError, or a malformed record: the chain is not deliverable
             error = f"{type(exc).__name__}: {exc}"
             trajectory, response = None, None
-            code = exc.code if isinstance(exc, ChainError) else "build_error"
+            code = exc.code if isinstance(exc, ChainError) else MaskCode.BUILD_ERROR
             reasons.append(MaskReason(code=code, detail=error, call_ids=[n.call_id for n in delivered]))
     m = metrics(snapshot, forest, all_chains, delivered, attribution, unresolved_retries, trajectory, error)
     if error is None and not forest.live:
@@ -112,15 +112,15 @@ def _snapshot_reasons(snapshot: Snapshot, rules: RebuildRules) -> list[MaskReaso
         detail = ", ".join(_why(snapshot, reason, f"{reason} x{n}" if n > 1 else reason)
                            for reason, n in sorted(counts.items()))
         ids = sorted({m.model_call_id for m in snapshot.incomplete_markers if m.model_call_id})
-        reasons.append(MaskReason(code="capture_incomplete", detail=detail, call_ids=ids))
+        reasons.append(MaskReason(code=MaskCode.CAPTURE_INCOMPLETE, detail=detail, call_ids=ids))
     if snapshot.late_writes and rules.mask_late_writes:
         late = sorted({sc.call.model_call_id for sc in snapshot.calls if sc.late})
-        reasons.append(MaskReason(code="late_write", detail=f"{snapshot.late_writes} write(s) after finish", call_ids=late))
+        reasons.append(MaskReason(code=MaskCode.LATE_WRITE, detail=f"{snapshot.late_writes} write(s) after finish", call_ids=late))
     return reasons
 
 
 # Reasons whose cause is only in the engine's own words: the mask reason quotes them.
-_QUOTED_REASONS = ("engine_rejected", "aborted", "untranslatable_output")
+_QUOTED_REASONS = (IncompleteReason.ENGINE_REJECTED, IncompleteReason.ABORTED, IncompleteReason.UNTRANSLATABLE_OUTPUT)
 
 
 def _why(snapshot: Snapshot, reason: str, label: str) -> str:
@@ -136,9 +136,9 @@ def _no_policy_reasons(forest: Forest) -> list[MaskReason]:
     if forest.live:
         return []
     if forest.side:
-        return [MaskReason(code="all_side_calls", detail="all captured calls were side calls",
+        return [MaskReason(code=MaskCode.ALL_SIDE_CALLS, detail="all captured calls were side calls",
                            call_ids=[n.call_id for n in forest.side])]
-    return [MaskReason(code="no_generated_tokens", detail="no captured call generated tokens",
+    return [MaskReason(code=MaskCode.NO_GENERATED_TOKENS, detail="no captured call generated tokens",
                        call_ids=list(forest.empty))]
 
 
@@ -154,12 +154,12 @@ def _delivery_reasons(
     root, terminal = delivered[0], delivered[-1]
     if root.boundary is not None:
         reasons.append(MaskReason(
-            code="unresolved_parent",
+            code=MaskCode.UNRESOLVED_PARENT,
             detail=f"the delivered chain starts at call {root.call_id}, whose parent is unknown ({root.boundary})",
             call_ids=[root.call_id]))
     for group in unresolved_retries:
         if terminal.call_id in group:
-            reasons.append(MaskReason(code="unresolved_retry",
+            reasons.append(MaskReason(code=MaskCode.UNRESOLVED_RETRY,
                                       detail="the terminal call was retried and nothing says which retry was kept",
                                       call_ids=group))
     return reasons
@@ -170,15 +170,15 @@ def _gym_reasons(forest: Forest, all_chains: list[list[Node]], unresolved_retrie
     links = forest.links
     if links.unresolved:
         detail = ", ".join(f"{k} x{v}" for k, v in sorted(links.failures.items()) if k != "parent_call_id_missing_recovered")
-        reasons.append(MaskReason(code="unresolved_parent", detail=detail, call_ids=links.unresolved))
+        reasons.append(MaskReason(code=MaskCode.UNRESOLVED_PARENT, detail=detail, call_ids=links.unresolved))
     if unresolved_retries:
-        reasons.append(MaskReason(code="unresolved_retry", detail="retried call with no continuation: survivor unknown",
+        reasons.append(MaskReason(code=MaskCode.UNRESOLVED_RETRY, detail="retried call with no continuation: survivor unknown",
                                   call_ids=[cid for group in unresolved_retries for cid in group]))
     if forest.live and len(forest.roots) != 1:
-        reasons.append(MaskReason(code="multiple_roots", detail=f"roots={len(forest.roots)}",
+        reasons.append(MaskReason(code=MaskCode.MULTIPLE_ROOTS, detail=f"roots={len(forest.roots)}",
                                   call_ids=[n.call_id for n in forest.roots]))
     if len(all_chains) > 1:
-        reasons.append(MaskReason(code="multiple_chains", detail=f"chains={len(all_chains)}",
+        reasons.append(MaskReason(code=MaskCode.MULTIPLE_CHAINS, detail=f"chains={len(all_chains)}",
                                   call_ids=[c[-1].call_id for c in all_chains]))
     return reasons
 

@@ -11,6 +11,8 @@ not calls x tokens). Every link is re-verified here, never trusted:
 - a full-prompt link (snapshots not written by our fold): the digest of the
   child's prompt prefix equals the parent's digest.
 
+Both checks are ``schemas.lineage_rules``', the ones the processor applies.
+
 A link that fails, an UNRESOLVED call, or a processor note that says the claim
 failed, starts a *boundary* fragment (``parent_link_failures``,
 ``unresolved_parent_calls``). Recovery happens only where the snapshot lacks the
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 
 from consumers.rebuild.sidecalls import SideCall
 from schemas.hashing import compute_digest
+from schemas.lineage_rules import delta_link_holds, delta_parent_len, prefix_verified
 from schemas.records import CallCaptured, ParentResolution, SnapshotCall
 
 RECOVERED = "parent_call_id_missing_recovered"
@@ -133,14 +136,13 @@ def _link(node: Node, nodes: dict[str, Node], index: _Index, links: Links) -> No
         links.failures[RECOVERED] += 1
         links.recovered.append(node.call_id)
     if call.prompt_is_delta:
-        expected = parent.call.cum_len + len(call.prompt_token_ids) + len(call.generation_token_ids)
-        if parent.call.digest != call.parent_digest or expected != call.cum_len:
+        if not delta_link_holds(call, parent.call.cum_len, parent.call.digest):
             _fail(node, links, "delta_chain_unreconstructable")
             return
     else:
         cut = parent.call.cum_len
         prompt = call.prompt_token_ids
-        if cut > len(prompt) or compute_digest(prompt[:cut]) != parent.call.digest:
+        if not prefix_verified(prompt, cut, parent.call.digest):
             _fail(node, links, "parent_digest_mismatch")
             return
         node.delta = prompt[cut:]
@@ -173,7 +175,7 @@ class _Index:
         call = node.call
         by_digest = self._digests()
         if call.prompt_is_delta:
-            parent_len = call.cum_len - len(call.prompt_token_ids) - len(call.generation_token_ids)
+            parent_len = delta_parent_len(call)
             found = [n for n in by_digest.get(call.parent_digest, ()) if n is not node and n.call.cum_len == parent_len]
             return min(found, key=lambda n: n.call_id) if found else None
         prompt = call.prompt_token_ids

@@ -32,14 +32,14 @@ from dataclasses import dataclass, field
 from consumers.rebuild.graph import Forest, live_children
 from consumers.rebuild.links import Node
 from schemas.ids import call_id_from_response_id
-from schemas.records import RolloutFinished
+from schemas.records import MaskCode, RolloutFinished
 
 
 @dataclass(slots=True)
 class Attribution:
     node: Node | None = None
     method: str = "none"
-    failure: str | None = None  # mask code when attribution failed
+    failure: MaskCode | None = None  # mask code when attribution failed
     detail: str = ""
     notes: dict = field(default_factory=dict)  # evidence report for detail_json
 
@@ -69,11 +69,11 @@ def _declared(forest: Forest, response_id: str, out: Attribution) -> None:
     out.notes["declared_call_id"] = call_id
     node = nodes.get(call_id)
     if node is None:
-        out.failure, out.detail = "terminal_not_captured", f"final response {response_id} names call {call_id}, which was not captured"
+        out.failure, out.detail = MaskCode.TERMINAL_NOT_CAPTURED, f"final response {response_id} names call {call_id}, which was not captured"
     elif not node.generation:
-        out.failure, out.detail = "terminal_empty", f"declared terminal call {call_id} generated no tokens"
+        out.failure, out.detail = MaskCode.TERMINAL_EMPTY, f"declared terminal call {call_id} generated no tokens"
     elif node.side is not None:
-        out.failure, out.detail = "terminal_is_side_call", f"declared terminal call {call_id} is a side call ({node.side.rule})"
+        out.failure, out.detail = MaskCode.TERMINAL_IS_SIDE_CALL, f"declared terminal call {call_id} is a side call ({node.side.rule})"
     else:
         out.node, out.method = node, "declared"
 
@@ -90,14 +90,14 @@ def attribute_by_heuristic(forest: Forest, n_chains: int) -> Attribution:
     """The unique extended leaf from the earliest extended root, or an ambiguity."""
     roots = [r for r in forest.roots if not r.quarantined]
     if not roots:
-        return Attribution(failure="no_terminal", detail="no live root to start from")
+        return Attribution(failure=MaskCode.NO_TERMINAL, detail="no live root to start from")
     extended = [r for r in roots if live_children(r)]
     if not extended and len(roots) > 1:
         # Several one-call conversations and nothing says which answered the harness:
         # the earliest could be a title or probe call (NeMo Gym's "aux-first" limitation).
         ids = sorted(r.call_id for r in roots)
         return Attribution(
-            failure="terminal_ambiguous",
+            failure=MaskCode.TERMINAL_AMBIGUOUS,
             detail=f"no evidence names the terminal and {len(ids)} single-call roots could hold it",
             notes={"ambiguous_children": ids},
         )
@@ -107,7 +107,7 @@ def attribute_by_heuristic(forest: Forest, n_chains: int) -> Attribution:
         # The conversation went on past a link we could not verify (compaction, drift):
         # the final answer may be in that fragment, so the earliest root is a guess.
         return Attribution(
-            failure="terminal_ambiguous",
+            failure=MaskCode.TERMINAL_AMBIGUOUS,
             detail=f"no evidence names the terminal and {len(fragments)} unlinked fragment(s) may hold it",
             notes={"ambiguous_children": fragments},
         )
@@ -120,7 +120,7 @@ def attribute_by_heuristic(forest: Forest, n_chains: int) -> Attribution:
         else:
             forks = sorted(k.call_id for k in (grown or kids))
             return Attribution(
-                failure="terminal_ambiguous",
+                failure=MaskCode.TERMINAL_AMBIGUOUS,
                 detail=f"call {node.call_id} continues into {len(forks)} branches and no evidence names one",
                 notes={"ambiguous_children": forks},
             )

@@ -14,25 +14,25 @@ from consumers.rebuild.links import Node
 from consumers.rebuild.validity import first_non_finite
 from schemas.errors import ContractError
 from schemas.hashing import compute_digest
-from schemas.records import CallSpan, Trajectory
+from schemas.records import CallSpan, MaskCode, Trajectory
 
 
 class ChainError(ContractError):
     """A chain cannot be delivered token-exact (length, digest, log-prob or contiguity violation)."""
 
-    code = "build_error"  # the mask reason it becomes
+    code = MaskCode.BUILD_ERROR  # the mask reason it becomes
 
 
 class NonFiniteLogProb(ChainError):
     """A generated token's log-prob is NaN or infinite: not the policy's log-prob, and not JSON."""
 
-    code = "non_finite_log_prob"
+    code = MaskCode.NON_FINITE_LOG_PROB
 
 
 class NonFiniteValue(ChainError):
     """Captured output (items, routed experts) holds a NaN or infinite number, or is not JSON."""
 
-    code = "non_finite_value"
+    code = MaskCode.NON_FINITE_VALUE
 
 
 def chain_trajectory(chain: list[Node]) -> Trajectory:

@@ -33,13 +33,14 @@ import json
 import math
 from typing import Any
 
-from schemas.records import CaptureMetrics, MaskReason, RebuiltRollout, Trajectory
+from schemas.errors import TokentrailError
+from schemas.records import CaptureMetrics, MaskCode, MaskReason, RebuiltRollout, Trajectory
 
 _QUOTE = 120  # characters of an offending text quoted in a mask reason
 _METRIC_FLOATS = ("delivered_fraction", "quarantined_fraction")
 
 
-class InvalidJson(ValueError):
+class InvalidJson(TokentrailError, ValueError):
     """Text that is not strict JSON (RFC 8259: no NaN, no Infinity, no number that overflows a double)."""
 
 
@@ -108,7 +109,7 @@ def checked_record(rollout: RebuiltRollout) -> RebuiltRollout:
     if why is not None:
         raw = result if isinstance(result, str) else repr(result)
         reasons.append(MaskReason(
-            code="invalid_result",
+            code=MaskCode.INVALID_RESULT,
             detail=(f"result_json (the RolloutFinished result) is not valid JSON: {why}; value {quote(raw)}. "
                     "It is kept as a JSON string in `result`. Fix the finisher: send the result as a JSON value "
                     "with finite numbers only (producers.finish.finish_rollout / `tokentrail finish --result`)."),
@@ -122,7 +123,7 @@ def checked_record(rollout: RebuiltRollout) -> RebuiltRollout:
             index, value = bad
             call = _call_of_log_prob(trajectory, index)
             reasons.append(MaskReason(
-                code="non_finite_log_prob",
+                code=MaskCode.NON_FINITE_LOG_PROB,
                 detail=(f"trajectory log_probs[{index}] = {value!r} (call {call}) is not a finite number; the "
                         "trajectory and the projection are withheld. Fix the capture: every generated token needs "
                         "the finite log-prob the engine sampled it with."),
@@ -153,21 +154,21 @@ def checked_record(rollout: RebuiltRollout) -> RebuiltRollout:
     return dataclasses.replace(rollout, mask_sample=True, mask_reasons=[*rollout.mask_reasons, *reasons], **changes)
 
 
-def _response_problem(response: Any) -> tuple[str, str] | None:
+def _response_problem(response: Any) -> tuple[MaskCode, str] | None:
     if not isinstance(response, str):
-        return "invalid_record", f"expected JSON text, got {type(response).__name__}"
+        return MaskCode.INVALID_RECORD, f"expected JSON text, got {type(response).__name__}"
     stripped = response.strip()
     if not (stripped.startswith("{") and stripped.endswith("}")):
-        return "invalid_record", f"not a JSON object: {quote(response)}"
+        return MaskCode.INVALID_RECORD, f"not a JSON object: {quote(response)}"
     # NaN and Infinity can only be written as those words: only a projection that holds one of them
     # somewhere (a string may, legitimately) is parsed; the projection is calls x tokens.
     if "NaN" in response or "Infinity" in response:
         try:
             strict_loads(response)
         except NonFiniteJson as exc:
-            return "non_finite_value", str(exc)
+            return MaskCode.NON_FINITE_VALUE, str(exc)
         except InvalidJson as exc:
-            return "invalid_record", str(exc)
+            return MaskCode.INVALID_RECORD, str(exc)
     return None
 
 
@@ -177,7 +178,7 @@ def _checked_metrics(m: CaptureMetrics) -> tuple[CaptureMetrics, list[MaskReason
     for name in _METRIC_FLOATS:
         value = getattr(m, name)
         if not isinstance(value, (int, float)) or not math.isfinite(value):
-            reasons.append(MaskReason(code="non_finite_value",
+            reasons.append(MaskReason(code=MaskCode.NON_FINITE_VALUE,
                                       detail=f"metric {name} = {value!r} is not a finite number; reported as 0.0"))
             changes[name] = 0.0
     try:
@@ -187,7 +188,7 @@ def _checked_metrics(m: CaptureMetrics) -> tuple[CaptureMetrics, list[MaskReason
         problem = str(exc)
     if problem is not None:
         raw = m.detail_json if isinstance(m.detail_json, str) else repr(m.detail_json)
-        reasons.append(MaskReason(code="invalid_record",
+        reasons.append(MaskReason(code=MaskCode.INVALID_RECORD,
                                   detail=f"metrics detail_json is not a JSON object ({problem}); value {quote(raw)}; "
                                          "kept as a string under invalid_detail_json"))
         changes["detail_json"] = json.dumps({"invalid_detail_json": raw}, ensure_ascii=False)

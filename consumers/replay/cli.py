@@ -9,6 +9,8 @@ committed, no processor needed), runs the same pure fold and rebuild as the
 live pipeline, and explains the result. With ``--rules`` it also rebuilds under
 those rules and prints what would change. Times: ISO (2026-11-30T01:00:00Z),
 epoch seconds, ``90m``/``2h``/``1d`` ago, or ``offset:N`` (single rollouts).
+``tokentrail replay --last-demo`` (``make why``) is ``compose.replay_cli``: finding
+the demo's broker is compose's job, and consumers never import compose.
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ from pathlib import Path
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", help="Kafka bootstrap servers host:port")
-    parser.add_argument("--last-demo", action="store_true",
-                        help="explain the masked rollouts of the last `tokentrail demo` (restarts its broker briefly)")
     parser.add_argument("--rollout", action="append", default=[], help="rollout id to explain (repeatable)")
     parser.add_argument("--summary", action="store_true", help="summarise every rollout finished in the range")
     parser.add_argument("--from", dest="since", help="start of the range (time or offset:N)")
@@ -39,10 +39,8 @@ def main(args: argparse.Namespace) -> int:
     from consumers.replay.rollouts import parse_bound
     from schemas.errors import TokentrailError
 
-    if args.last_demo:
-        return _last_demo(args)
     if not args.bootstrap:
-        print("tokentrail replay: --bootstrap is required (or --last-demo)", file=sys.stderr)
+        print("tokentrail replay: --bootstrap is required", file=sys.stderr)
         return 2
     if not args.rollout and not args.summary:
         print("tokentrail replay: give --rollout ID (repeatable) or --summary", file=sys.stderr)
@@ -58,29 +56,6 @@ def main(args: argparse.Namespace) -> int:
     except (TokentrailError, OSError, ValueError) as exc:
         print(f"tokentrail replay: {exc}", file=sys.stderr)
         return 2
-
-
-def _last_demo(args) -> int:
-    """Restart the last demo's broker on its kept log, explain its masked rollouts, stop it again."""
-    from compose.demo import LAST_RUN
-    from compose.kafka_broker import BrokerError, restart_broker, stop_broker
-
-    if not LAST_RUN.exists():
-        print(f"tokentrail replay: no {LAST_RUN}: run `make demo` first", file=sys.stderr)
-        return 2
-    last = json.loads(LAST_RUN.read_text())
-    try:
-        info = restart_broker(last["kafka_dir"])
-    except BrokerError as exc:
-        print(f"tokentrail replay: cannot restart the demo's broker: {exc}", file=sys.stderr)
-        return 2
-    try:
-        args.bootstrap = info.bootstrap
-        args.topic_prefix = last["topic_prefix"]
-        args.rollout = args.rollout or last["masked"] or last["rollouts"][:1]
-        return main(argparse.Namespace(**{**vars(args), "last_demo": False}))
-    finally:
-        stop_broker(last["kafka_dir"], keep_data=True)
 
 
 def _rollouts(args, since, until, new_rules) -> int:

@@ -18,11 +18,12 @@ import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from consumers.replay.eventlog import EventLog, LoggedEvent
 from consumers.rebuild import RebuildRules, rebuild
-from processors.fold import DeadLetter, apply_writes, fold_raw
+from processors.fold import DeadLetter
+from processors.replay import replay
 from schemas.errors import ConfigError
 from schemas.records import RebuiltRollout, RolloutEvent, Snapshot
 from schemas.topics import key_for
@@ -115,26 +116,25 @@ class ReplayResult:
 def fold_records(rollout_id: str, records: Iterable[LoggedEvent], rules: RebuildRules,
                  until: Bound = Bound()) -> ReplayResult:
     """Fold a rollout's records in log order and rebuild every snapshot (pure apart from the iterator)."""
-    state: dict[bytes, bytes] = {}
     out = ReplayResult(rollout_id)
-    key = key_for(rollout_id)
-    for record in records:
-        if until.offset is not None and record.offset >= until.offset:
-            break
-        if until.time_ms is not None and record.timestamp_ms >= until.time_ms:
-            break
-        result = fold_raw(state, key, record.value)
-        apply_writes(state, result)
-        try:
-            event: RolloutEvent | None = record.decode()
-        except Exception:  # a dead letter: the fold said why
-            event = None
-        out.events.append(ReplayedEvent(record.partition, record.offset, record.timestamp_ms, event,
+    for step in replay(_until(records, until), key=key_for(rollout_id)):
+        record, result = step.record, step.result
+        out.events.append(ReplayedEvent(record.partition, record.offset, record.timestamp_ms, step.event(),
                                         list(result.notes), list(result.deadletters), result.changed))
         for snapshot in result.snapshots:
             out.snapshots.append(snapshot)
             out.rebuilt.append(rebuild(snapshot, rules))
     return out
+
+
+def _until(records: Iterable[LoggedEvent], until: Bound) -> Iterator[LoggedEvent]:
+    """The records before the bound (the first one at or past it ends the replay)."""
+    for record in records:
+        if until.offset is not None and record.offset >= until.offset:
+            return
+        if until.time_ms is not None and record.timestamp_ms >= until.time_ms:
+            return
+        yield record
 
 
 def replay_rollout(log: EventLog, rollout_id: str, *, rules: RebuildRules = RebuildRules(),

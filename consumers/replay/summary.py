@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from consumers.replay.eventlog import EventLog
 from consumers.rebuild import RebuildRules, rebuild
-from processors.fold import apply_writes, fold_raw
-from processors.state import header_codec, header_key
+from processors.replay import replay
 from schemas.records import RebuiltRollout, Snapshot
 
 _VERSION = re.compile(r"/[\w.\-]+$")
@@ -75,22 +75,22 @@ def summarize(log: EventLog, *, since_ms: int | None, until_ms: int | None, look
     summary = Summary(since_ms, until_ms)
     start = None if since_ms is None else since_ms - lookback_ms
     for partition in range(log.partitions()):
-        states: dict[bytes, dict[bytes, bytes]] = {}
-        for record in log.partition_events(partition, from_time_ms=start):
-            if until_ms is not None and record.timestamp_ms >= until_ms:
-                break
-            summary.events_scanned += 1
-            key = record.key or b""
-            state = states.setdefault(key, {})
-            result = fold_raw(state, key, record.value)
-            apply_writes(state, result)
-            for snapshot in result.snapshots:
+        # Each rollout's state is dropped once it is retired (nothing more can change it).
+        for step in replay(_scanned(log.partition_events(partition, from_time_ms=start), until_ms, summary),
+                           forget_retired=True):
+            for snapshot in step.snapshots:
                 if since_ms is None or snapshot.frozen_at // 1000 >= since_ms:
                     summary.rows[snapshot.rollout_id] = _row(snapshot, rebuild(snapshot, rules))
-            header = state.get(header_key(key.decode(errors="replace")))
-            if header is not None and header_codec().decode(header).retired:
-                del states[key]  # retired: nothing more can change it
     return summary
+
+
+def _scanned(records: Iterable[Any], until_ms: int | None, summary: Summary) -> Iterator[tuple[bytes, bytes]]:
+    """(key, value) of the records before ``until_ms``, counted; a record without a key folds as a dead letter."""
+    for record in records:
+        if until_ms is not None and record.timestamp_ms >= until_ms:
+            return
+        summary.events_scanned += 1
+        yield record.key or b"", record.value
 
 
 def _row(snapshot: Snapshot, rollout: RebuiltRollout) -> RolloutRow:

@@ -25,7 +25,7 @@ from typing import Any
 
 from consumers.sinks.plugin import TrainerSink, check_sink_class
 from schemas.errors import ConfigError, TokentrailError
-from schemas.records import CallSpan, CaptureMetrics, MaskReason, RebuiltRollout, TerminalAttribution, Trajectory
+from schemas.records import CallSpan, CaptureMetrics, IncompleteReason, MaskCode, MaskReason, RebuiltRollout, TerminalAttribution, Trajectory
 
 Factory = Callable[[], TrainerSink | Awaitable[TrainerSink]]
 ReadBack = Callable[[], Iterable[Any] | Awaitable[Iterable[Any]]]
@@ -176,7 +176,7 @@ def sample_rollout(rollout_id: str, *, version: int = 1, masked: bool = False, t
     snapshot_id = hashlib.sha256(f"{rollout_id}\0{version}".encode()).hexdigest()[:32]
     return RebuiltRollout(
         rollout_id=rollout_id, snapshot_id=snapshot_id, version=version, mask_sample=masked,
-        mask_reasons=[MaskReason(code="capture_incomplete", detail="upstream_error")] if masked else [],
+        mask_reasons=[MaskReason(code=MaskCode.CAPTURE_INCOMPLETE, detail=IncompleteReason.UPSTREAM_ERROR)] if masked else [],
         trajectory=trajectory, response_json=None, result_json='{"reward": 1.0}',
         metrics=CaptureMetrics(
             n_calls=1, roots=1, chains=1, delivered_fraction=0.0 if masked else 1.0, quarantined_calls=0,

@@ -16,36 +16,30 @@ rebuilds it, and the consumer goes on. A record's content never stops the sink:
 every record passes ``consumers.rebuild.validity.checked_record`` first (a
 result that is not JSON, a non-finite number: masked with the reason).
 
-``AckedProducer`` (also used by the NeMo Gym adapters) is confluent-kafka's
-synchronous ``Producer`` plus a poll thread that resolves asyncio futures
-(``reference/stack.md`` §3: about a millisecond per acknowledged record).
-It is the consumer side's twin of ``producers.publisher.KafkaPublisher``: the
-runtime packages share only ``schemas`` (ARCHITECTURE §3), so each deployable
-carries its own 40-line bridge rather than importing the other.
+The producer is the one Kafka bridge, ``schemas.kafka.bridge.AckedProducer``
+(also used by the NeMo Gym adapters, the interceptor and the consumer's retire
+path), configured by ``schemas.kafka.config.producer_config``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
-import threading
 from collections import OrderedDict
-from typing import Any
-
-import confluent_kafka
 
 from consumers.rebuild.validity import checked_record
 from schemas.codec import encode_rebuilt
 from schemas.errors import TransportError
-from schemas.records import MaskReason, RebuiltRollout
-from schemas.topics import MAX_MESSAGE_BYTES, PRODUCER_PARTITIONER, REBUILT, key_for
+from schemas.kafka.bridge import AckedProducer
+from schemas.kafka.config import producer_config
+from schemas.kafka.framing import value_limit
+from schemas.records import MaskCode, MaskReason, RebuiltRollout
+from schemas.topics import MAX_MESSAGE_BYTES, REBUILT, key_for
 
 log = logging.getLogger("tokentrail.consumer.kafka_sink")
 
 _RECENT = 100_000  # identities remembered to skip in-process redeliveries
-_HEADROOM = 64 * 1024  # the topic limit applies to a whole record batch, not only the value
 
 
 class KafkaSink:
@@ -61,12 +55,12 @@ class KafkaSink:
         self.max_in_flight = max_in_flight
         self.idempotent_across_restarts = False  # at-least-once on the topic: readers deduplicate by identity
         self.max_message_bytes = max_message_bytes
-        self._limit = max_message_bytes - _HEADROOM
+        self._limit = value_limit(max_message_bytes)  # the topic limit bounds the whole batch, not only the value
         self.projections_dropped = 0
         self.records_shrunk = 0
         self._recent: OrderedDict[tuple[str, int], None] = OrderedDict()
-        self._producer = AckedProducer(bootstrap, delivery_timeout_s=delivery_timeout_s,
-                                       max_message_bytes=max_message_bytes)
+        self._producer = AckedProducer(producer_config(bootstrap, delivery_timeout_ms=int(delivery_timeout_s * 1000),
+                                                       max_message_bytes=max_message_bytes))
 
     async def deliver(self, rollout: RebuiltRollout) -> None:
         identity = (rollout.snapshot_id, rollout.version)
@@ -95,7 +89,7 @@ class KafkaSink:
     def _too_large(self, rollout: RebuiltRollout, size: int) -> bytes:
         """The record masked and shrunk to fit the topic (the log keeps the evidence); raises only if nothing fits."""
         reason = MaskReason(
-            code="record_too_large",
+            code=MaskCode.RECORD_TOO_LARGE,
             detail=(f"the rebuilt record is {size} bytes without its projection, over the {self._limit}-byte limit "
                     f"of {self.topic} (max_message_bytes={self.max_message_bytes} less headroom); sent without its "
                     "trajectory and detail. Raise max.message.bytes on the topic and max_message_bytes of the sink, "
@@ -118,68 +112,4 @@ class KafkaSink:
         return data
 
     async def close(self) -> None:
-        await self._producer.close()
-
-
-class AckedProducer:
-    """``await produce(topic, key, value)`` returns ``(partition, offset)`` once acknowledged by all in-sync replicas."""
-
-    def __init__(self, bootstrap: str, *, delivery_timeout_s: float = 30.0,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
-        try:
-            self._producer = confluent_kafka.Producer({
-                "bootstrap.servers": bootstrap,
-                "enable.idempotence": True,
-                "acks": "all",
-                "partitioner": PRODUCER_PARTITIONER,
-                "linger.ms": 1,
-                "message.max.bytes": max_message_bytes,
-                "delivery.timeout.ms": int(delivery_timeout_s * 1000),
-                "request.timeout.ms": int(min(delivery_timeout_s, 30.0) * 1000),
-            })
-        except confluent_kafka.KafkaException as exc:
-            raise TransportError(f"cannot create the Kafka producer for {bootstrap}: {exc}") from exc
-        self._stop = threading.Event()
-        self._poller = threading.Thread(target=self._poll, name="tokentrail-acked-producer", daemon=True)
-        self._poller.start()
-        self.closed = False
-
-    def _poll(self) -> None:
-        while not self._stop.is_set():
-            self._producer.poll(0.05)  # delivery callbacks run on this thread
-
-    async def produce(self, topic: str, key: bytes, value: bytes) -> tuple[int, int]:
-        if self.closed:
-            raise TransportError(f"the producer for {topic} is closed")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[tuple[int, int]] = loop.create_future()
-
-        def on_delivery(err: Any, msg: Any) -> None:
-            def resolve() -> None:
-                if future.done():
-                    return
-                if err is not None:
-                    future.set_exception(TransportError(f"{topic} did not acknowledge the record: {err}"))
-                else:
-                    future.set_result((msg.partition(), msg.offset()))
-
-            loop.call_soon_threadsafe(resolve)
-
-        while True:
-            try:
-                self._producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
-                break
-            except BufferError:
-                await asyncio.sleep(0.005)  # local queue full: wait for acknowledgements
-            except (confluent_kafka.KafkaException, ValueError) as exc:
-                raise TransportError(f"cannot produce to {topic}: {exc}") from exc
-        return await future
-
-    async def close(self) -> None:
-        """Idempotent. Every ``produce`` already awaited its ack, so there is nothing to flush."""
-        if self.closed:
-            return
-        self.closed = True
-        await asyncio.to_thread(self._producer.flush, 5)
-        self._stop.set()
-        await asyncio.to_thread(self._poller.join, 5)
+        await self._producer.close()  # every deliver awaited its ack: this flushes only cancelled ones

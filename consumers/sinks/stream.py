@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from consumers.rebuild.validity import checked_record
 from schemas.errors import ConfigError
-from schemas.records import MaskReason, RebuiltRollout
+from schemas.records import MaskCode, MaskReason, RebuiltRollout
 
 if TYPE_CHECKING:
     from consumers.settings import ConsumerSettings
@@ -151,7 +151,7 @@ class RolloutStream:
             size = None if key is None else self._size_of(rollout)
         except Exception as exc:  # fail closed: this rollout alone, masked; the stream goes on
             log.warning("rollout %s: %s; yielded alone, masked (invalid_group)", rollout.rollout_id, exc)
-            reason = MaskReason(code="invalid_group", detail=f"{exc}; yielded as a group of one. Fix the finish "
+            reason = MaskReason(code=MaskCode.INVALID_GROUP, detail=f"{exc}; yielded as a group of one. Fix the finish "
                                 "result (or the group_key / group_size settings of the RolloutStream)")
             self._queue.put_nowait([dataclasses.replace(rollout, mask_sample=True,
                                                         mask_reasons=[*rollout.mask_reasons, reason])])

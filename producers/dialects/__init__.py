@@ -9,9 +9,17 @@ is translated on the way up and back:
 * ``responses``: the same names (``from_chat_response`` and ``StreamTranslator`` also take
   the original ``request``, whose settings the Response object echoes).
 
-Guarantees: every module here is pure (stdlib only; no HTTP framework); nothing they emit
-carries a token field (``prompt_token_ids``, ``token_ids``, ``logprobs``); whatever cannot
-be translated faithfully raises ``DialectError`` (a ``ValueError``) naming it, which the
+The package is also every dialect's home: ``registry`` (the one table of dialects: path,
+wire symbol, response-id prefix, adapter), ``base`` (the adapter contract), ``chat``
+(the chat adapter), ``anthropic_adapter`` / ``responses_adapter`` (the HTTP adapters over
+the translators) and ``chat_chunks`` (the one reader of the engine's stream chunks).
+
+Guarantees: the translators (``anthropic``, ``responses`` and their ``_output`` /
+``_stream`` parts, ``common``, ``chat_chunks``) and ``registry`` are pure (stdlib and
+``schemas`` only; no HTTP framework); ``chat`` and the ``*_adapter`` modules are the only
+ones here that use starlette, and importing the package pulls none of them in. Nothing the
+translators emit carries a token field (``prompt_token_ids``, ``token_ids``, ``logprobs``);
+whatever cannot be translated faithfully raises ``DialectError`` (a ``ValueError``) naming it, which the
 interceptor answers with 400 (request) or treats as an upstream failure (answer).
 """
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 from typing import Any
 
 from producers.dialects.anthropic_output import stop_fields, usage
-from producers.dialects.common import ChunkReader, DialectError
+from producers.dialects.chat_chunks import ChunkReader
+from producers.dialects.common import DialectError
 
 Event = tuple[str, dict]
 

@@ -2,23 +2,24 @@
 
 Guarantees:
 
-* Only the stdlib is imported: the translators are pure functions of their inputs.
+* Only the stdlib and ``schemas`` are imported: the translators are pure functions of their inputs.
 * Reading never copies a token field (``prompt_token_ids``, ``token_ids``, ``logprobs``)
   anywhere; their lengths are used only as a usage fallback when the engine sent no
   ``usage``.
 * A chat response or chunk that cannot be translated faithfully (more than one choice,
   a tool-call delta without id or name, interleaved tool calls) raises ``DialectError``
   (a ``ValueError``) with a message naming the problem.
-* ``ChunkReader`` turns vLLM 0.33 chat chunks into ordered, dialect-neutral operations;
-  concatenating the operations' text gives the non-streaming message (vLLM's streamed
-  deltas concatenate to the full message).
+* Stream chunks are read by ``producers.dialects.chat_chunks`` (one reader for the capture
+  and the translators).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from schemas.errors import TokentrailError
 
 IMAGE_PLACEHOLDER = "[image]"
 
@@ -29,8 +30,10 @@ IMAGE_PLACEHOLDER = "[image]"
 KNOWN_FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter", "repetition")
 
 
-class DialectError(ValueError):
-    """A request or upstream answer that cannot be translated faithfully (the caller answers 400/502)."""
+class DialectError(ValueError, TokentrailError):
+    """A request or upstream answer that cannot be translated faithfully (the caller answers 400/502).
+
+    A ``ValueError`` (what adapters raise for a bad request) and a ``TokentrailError`` (ours)."""
 
 
 # -- request field checks (the caller answers 400 with the message) ------------------------
@@ -179,87 +182,3 @@ def read_chat_response(chat: dict) -> ChatOutput:
         completion_tokens=completion,
         created=created if isinstance(created, int) else None,
     )
-
-
-@dataclass
-class ChunkReader:
-    """Reads vLLM chat SSE chunks (already JSON-decoded) into operations, in order:
-
-    ``("reasoning", text)``, ``("text", text)``, ``("tool", index, id, name)`` when a tool
-    call starts, ``("args", index, fragment)`` for its argument text.
-    """
-
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    counted_ids: int = 0
-    finish_reason: str | None = None
-    stop_reason: Any = None
-    created: int | None = None
-    chunks: int = 0
-    tools: dict[int, tuple[str, str]] = field(default_factory=dict)
-    last_tool: int | None = None
-
-    def read(self, chunk: dict) -> list[tuple]:
-        if not isinstance(chunk, dict):
-            raise DialectError("upstream stream chunk must be a JSON object")
-        self.chunks += 1
-        if self.created is None and isinstance(chunk.get("created"), int):
-            self.created = chunk["created"]
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):  # cumulative (continuous usage or the trailing usage chunk)
-            if isinstance(usage.get("prompt_tokens"), int):
-                self.prompt_tokens = usage["prompt_tokens"]
-            if isinstance(usage.get("completion_tokens"), int):
-                self.completion_tokens = usage["completion_tokens"]
-        if self.prompt_tokens is None and isinstance(chunk.get("prompt_token_ids"), list):
-            self.prompt_tokens = len(chunk["prompt_token_ids"])
-        ops: list[tuple] = []
-        for choice in chunk.get("choices") or []:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                raise DialectError("upstream stream has a second choice (token capture needs n=1)")
-            if isinstance(choice.get("token_ids"), list):
-                self.counted_ids += len(choice["token_ids"])
-            delta = choice.get("delta") or {}
-            reasoning = reasoning_of(delta)
-            if reasoning:
-                ops.append(("reasoning", reasoning))
-            if isinstance(delta.get("content"), str) and delta["content"]:
-                ops.append(("text", delta["content"]))
-            for call in delta.get("tool_calls") or []:
-                ops.extend(self._tool_delta(call))
-            if choice.get("finish_reason") is not None:
-                self.finish_reason = check_finish_reason(choice["finish_reason"])
-                self.stop_reason = choice.get("stop_reason")
-        return ops
-
-    def _tool_delta(self, call: Any) -> list[tuple]:
-        if not isinstance(call, dict) or not isinstance(call.get("index", 0), int):
-            raise DialectError("upstream tool-call delta must be an object with an integer index")
-        index = call.get("index", 0)
-        function = call.get("function") or {}
-        ops: list[tuple] = []
-        if index not in self.tools:
-            name = function.get("name")
-            if not call.get("id") or not isinstance(name, str) or not name:
-                raise DialectError(f"the first upstream delta of tool call {index} lacks id or function.name")
-            self.tools[index] = (str(call["id"]), name)
-            self.last_tool = index
-            ops.append(("tool", index, str(call["id"]), name))
-        elif index != self.last_tool:
-            # Anthropic blocks and Responses items are sequential; vLLM's parsers never interleave.
-            raise DialectError(f"upstream tool call {index} continued after tool call {self.last_tool} started")
-        fragment = function.get("arguments")
-        if isinstance(fragment, str) and fragment:
-            ops.append(("args", index, fragment))
-        return ops
-
-    def usage(self) -> tuple[int, int]:
-        """(input tokens, output tokens): the engine's usage, else the counted ids, else 0."""
-        completion = self.completion_tokens if self.completion_tokens is not None else self.counted_ids
-        return self.prompt_tokens or 0, completion
-
-    def require_finished(self) -> str:
-        if self.finish_reason is None:
-            raise DialectError("the upstream stream ended without a finish_reason (interrupted): "
-                               "there is no complete answer to close")
-        return self.finish_reason

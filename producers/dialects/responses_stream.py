@@ -36,7 +36,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from producers.dialects.common import ChunkReader, DialectError
+from producers.dialects.chat_chunks import ChunkReader
+from producers.dialects.common import DialectError
 from producers.dialects.responses_output import (
     function_call_item,
     item_id,

@@ -18,8 +18,8 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from compose.topics import ensure_topics
-from schemas.topics import (MAX_MESSAGE_BYTES, PRODUCER_PARTITIONER, ROLLOUT_EVENTS_RETENTION_MS,
-                            TopicNames, key_for)
+from schemas.kafka.config import PARTITIONER as PRODUCER_PARTITIONER
+from schemas.topics import MAX_MESSAGE_BYTES, ROLLOUT_EVENTS_RETENTION_MS, TopicNames, key_for
 
 pytestmark = pytest.mark.integration
 REPO_ROOT = Path(__file__).resolve().parents[3]

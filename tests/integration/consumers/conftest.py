@@ -16,7 +16,8 @@ import pytest
 
 from compose.topics import ensure_topics
 from schemas.codec import encode_event
-from schemas.topics import PRODUCER_PARTITIONER, TopicNames, key_for, topic_names
+from schemas.kafka.config import PARTITIONER as PRODUCER_PARTITIONER
+from schemas.topics import TopicNames, key_for, topic_names
 
 
 @pytest.fixture(scope="module")

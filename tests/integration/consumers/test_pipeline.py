@@ -23,10 +23,9 @@ from consumers.gym.conformance import gym_entry
 from consumers.sinks.stream import rollout_stream
 from consumers.rebuild import rebuild
 from consumers.settings import ConsumerSettings
-from processors.fold import apply_writes, fold_raw
-from processors.state import header_codec, header_key
+from processors.replay import MemoryState, replay
 from schemas.codec import decode_snapshot, encode_rebuilt
-from schemas.ids import response_id_for
+from schemas.ids import response_id
 from schemas.records import Dialect, RetireRequested
 from schemas.topics import key_for
 from tests.factories import event, finished
@@ -76,7 +75,7 @@ async def test_claude_code_style_rollouts_through_the_live_pipeline(kafka_bootst
     good_id, retried_id = f"cc-{tag}-good", f"cc-{tag}-final-retry"
     good_calls, terminal = claude_code_rollout(final_retry=False)
     retried_calls, _ = claude_code_rollout(final_retry=True)
-    good_finish = finished({"reward": 1.0}, final_response_id=response_id_for("anthropic", terminal.model_call_id),
+    good_finish = finished({"reward": 1.0}, final_response_id=response_id("msg_", terminal.model_call_id),
                            final_text="Oslo: 14 degrees and clear.")
     events = [event(good_id, c) for c in good_calls] + [event(good_id, good_finish)]
     events += [event(retried_id, c) for c in retried_calls] + [event(retried_id, finished({"reward": 0.0}))]
@@ -119,12 +118,9 @@ def _replay(bootstrap: str, topic: str, rollout_id: str):
     """Fold the rollout's logged events up to its freeze, as replay does, and rebuild."""
     log = EventLog(bootstrap, topic)
     try:
-        state: dict = {}
-        for record in log.rollout_events(rollout_id):
-            result = fold_raw(state, key_for(rollout_id), record.value)
-            apply_writes(state, result)
-            if result.snapshots:
-                return rebuild(result.snapshots[-1])
+        for step in replay(log.rollout_events(rollout_id), key=key_for(rollout_id)):
+            if step.snapshots:
+                return rebuild(step.snapshots[-1])
         raise AssertionError(f"no freeze of {rollout_id} in the log")
     finally:
         log.close()
@@ -133,12 +129,14 @@ def _replay(bootstrap: str, topic: str, rollout_id: str):
 def _header(bootstrap: str, topic: str, rollout_id: str):
     log = EventLog(bootstrap, topic)
     try:
-        state: dict = {}
+        state = MemoryState()
         records = list(log.rollout_events(rollout_id))
-        for record in records:
-            apply_writes(state, fold_raw(state, key_for(rollout_id), record.value))
+        for _ in replay(records, state=state, key=key_for(rollout_id)):
+            pass
         assert isinstance(records[-1].decode().body, RetireRequested)
-        return header_codec().decode(state[header_key(rollout_id)])
+        header = state.header(rollout_id)
+        assert header is not None
+        return header
     finally:
         log.close()
 

@@ -20,7 +20,8 @@ from consumers.replay.eventlog import EventLog
 from consumers.rebuild import to_json_line
 from consumers.replay.rollouts import replay_rollout
 from schemas.codec import decode_snapshot, encode_event, encode_snapshot
-from schemas.topics import PRODUCER_PARTITIONER, key_for, topic_names
+from schemas.kafka.config import PARTITIONER as PRODUCER_PARTITIONER
+from schemas.topics import key_for, topic_names
 from tests.factories import event, incomplete
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]

@@ -24,10 +24,11 @@ import confluent_kafka
 from confluent_kafka.admin import AdminClient
 
 from compose.topics import produce_all
-from processors.fold import apply_writes, fold_raw
+from processors.replay import replay
 from schemas.codec import encode_event
 from schemas.records import RolloutEvent
-from schemas.topics import MAX_MESSAGE_BYTES, PRODUCER_PARTITIONER, TopicNames
+from schemas.kafka.config import PARTITIONER as PRODUCER_PARTITIONER
+from schemas.topics import MAX_MESSAGE_BYTES, TopicNames
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -173,11 +174,8 @@ def build_workload(per_rollout: list[list[RolloutEvent]], bad: dict[bytes, tuple
     for value, (key, _reason) in bad.items():
         records.insert(rng.randrange(len(records) + 1), (key, value))
     work = Workload(records, sorted({ev.rollout_id for ev in log}), bad={v: r for v, (_k, r) in bad.items()})
-    state: dict = {}
-    for key, value in records:
-        res = fold_raw(state, key, value)
-        apply_writes(state, res)
-        for snap in res.emitted:
+    for step in replay(records):
+        for snap in step.result.emitted:
             seen = work.expected_distinct.setdefault(snap.rollout_id, [])
             if snap.data not in seen:
                 seen.append(snap.data)

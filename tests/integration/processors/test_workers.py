@@ -233,15 +233,9 @@ def test_two_workers_split_the_partitions_and_one_leaving_changes_no_snapshot(
 
 def build_workload_prefix(work: Workload, records) -> set[bytes]:
     """The distinct snapshots a clean run emits for the first ``len(records)`` records."""
-    from processors.fold import apply_writes, fold_raw
+    from processors.replay import replay
 
-    state: dict = {}
-    out: set[bytes] = set()
-    for key, value in records:
-        res = fold_raw(state, key, value)
-        apply_writes(state, res)
-        out |= {s.data for s in res.emitted}
-    return out
+    return {s.data for step in replay(records) for s in step.result.emitted}
 
 
 def _wait(condition, what: str, alive, timeout: float = TIMEOUT) -> None:

@@ -6,8 +6,8 @@ import dataclasses
 import itertools
 import json
 
-from processors.fold import apply_writes, fold
-from schemas.ids import response_id_for
+from processors.replay import replay
+from schemas.ids import response_id
 from schemas.records import CallCaptured, ParentResolution, Snapshot, SnapshotCall
 from tests.factories import event, finished, make_call
 
@@ -17,13 +17,8 @@ _fp = itertools.count()
 
 def snapshot_of(*bodies, finish=None, rollout: str = R) -> Snapshot:
     """Fold the bodies (then a finish) the way the processor does; return the last snapshot."""
-    state: dict = {}
-    snaps = []
-    for body in (*bodies, finish or finished()):
-        res = fold(state, event(rollout, body))
-        apply_writes(state, res)
-        snaps.extend(res.snapshots)
-    return snaps[-1]
+    events = [event(rollout, body) for body in (*bodies, finish or finished())]
+    return [s for step in replay(events) for s in step.snapshots][-1]
 
 
 def tokens(call: CallCaptured) -> list[int]:
@@ -61,7 +56,7 @@ def unresolved(prompt, gen, **kw) -> CallCaptured:
 
 def declared(call: CallCaptured, **kw):
     """A finish whose final response id names ``call`` (as the interceptor's ids do)."""
-    return finished(final_response_id=response_id_for("chat", call.model_call_id), **kw)
+    return finished(final_response_id=response_id("chatcmpl-", call.model_call_id), **kw)
 
 
 def text_call(call: CallCaptured, text: str) -> CallCaptured:

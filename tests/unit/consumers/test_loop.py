@@ -13,7 +13,8 @@ from consumers.loop import DeliveryFailed, MaskFractionExceeded, RebuildConsumer
 from consumers.offsets import OffsetTracker
 from consumers.settings import ConsumerSettings
 from consumers.sinks.plugin import JsonlSink
-from processors.fold import apply_writes, fold
+from processors.fold import fold
+from processors.replay import MemoryState, replay
 from schemas.codec import decode_event
 from schemas.records import RetireRequested
 from tests.factories import event, finished, incomplete
@@ -175,14 +176,11 @@ async def test_stopping_with_deliveries_pending_commits_nothing_of_them():
 
 
 def test_retire_removes_only_the_exact_snapshot_so_a_newer_attempt_survives():
-    state: dict = {}
-    snaps = []
-    for body in (root([1], [2]), finished()):
-        res = fold(state, event("r-x", body))
-        apply_writes(state, res)
-        snaps.extend(res.snapshots)
+    state = MemoryState()
+    snaps = [s for step in replay([event("r-x", b) for b in (root([1], [2]), finished())], state=state)
+             for s in step.snapshots]
     old = snaps[-1]
-    apply_writes(state, fold(state, event("r-x", root([5], [6]))))  # a newer write after the freeze
+    state.apply(fold(state, event("r-x", root([5], [6]))))  # a newer write after the freeze
     res = fold(state, event("r-x", RetireRequested(snapshot_id=old.snapshot_id, version=old.version)))
     assert any("stale retire" in n for n in res.notes) and not res.writes
 

@@ -374,16 +374,12 @@ def test_incomplete_masks_with_reason_and_keeps_the_evidence():
 
 
 def test_late_writes_mask_unless_the_rule_allows_them():
-    from processors.fold import apply_writes, fold
+    from processors.replay import replay
     from tests.factories import event
 
     c1, c2, c3 = chain3()
-    state: dict = {}
-    snaps = []
-    for body in (c1, c2, finished(), c3, finished()):
-        res = fold(state, event("rollout-r", body))
-        apply_writes(state, res)
-        snaps.extend(res.snapshots)
+    snaps = [s for step in replay(event("rollout-r", b) for b in (c1, c2, finished(), c3, finished()))
+             for s in step.snapshots]
     out = rebuild(snaps[-1])
     assert codes(out) == ["late_write"] and out.mask_reasons[0].call_ids == [c3.model_call_id]
     assert not rebuild(snaps[-1], RebuildRules(mask_late_writes=False)).mask_sample

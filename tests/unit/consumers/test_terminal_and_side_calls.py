@@ -8,7 +8,7 @@ import pytest
 
 from consumers.rebuild import RebuildRules, rebuild
 from schemas.errors import ConfigError
-from schemas.ids import response_id_for
+from schemas.ids import response_id
 from tests.factories import finished
 from tests.unit.consumers.support import child, codes, declared, detail, root, snapshot_of, text_call, unresolved
 
@@ -52,7 +52,7 @@ def test_a_response_id_recorded_verbatim_in_the_facts_also_declares():
 
 def test_declared_call_that_was_not_captured_masks():
     r, a, b, *_ = conversation()
-    out = rebuild(snapshot_of(r, a, b, finish=finished(final_response_id=response_id_for("anthropic", "e" * 32))))
+    out = rebuild(snapshot_of(r, a, b, finish=finished(final_response_id=response_id("msg_", "e" * 32))))
     assert out.mask_sample and codes(out) == ["terminal_not_captured"]
     assert out.mask_reasons[0].call_ids == ["e" * 32] and out.trajectory is None
 

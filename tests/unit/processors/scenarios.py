@@ -18,7 +18,7 @@ import hashlib
 import random
 from dataclasses import dataclass, field
 
-from processors.fold import apply_writes, fold
+from processors.replay import replay
 from schemas.codec import encode_event
 from schemas.records import CallCaptured, ParentResolution, RolloutEvent
 from tests.factories import event, finished, incomplete, make_call, retire, started
@@ -224,13 +224,7 @@ def with_duplicates(rng: random.Random, log: list[RolloutEvent], n: int) -> list
 
 
 def _last_snapshot(events: list[RolloutEvent]):
-    state: dict = {}
-    snaps = []
-    for ev in events:
-        res = fold(state, ev)
-        apply_writes(state, res)
-        snaps.extend(res.emitted)
-    return snaps[-1]
+    return [s for step in replay(events) for s in step.result.emitted][-1]
 
 
 def encoded(log: list[RolloutEvent]) -> list[tuple[bytes, bytes]]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from processors.fold import apply_writes, fold, fold_raw, snapshot_id_for
+from processors.fold import fold, fold_raw, snapshot_id_for
+from processors.replay import MemoryState, replay
 from schemas.codec import decode_snapshot, encode_event, encode_snapshot
 from schemas.records import ParentResolution
 from tests.factories import event, finished, incomplete, make_call, retire
@@ -13,13 +14,11 @@ R = "rollout-1"
 
 
 def run(events, state=None):
-    state = {} if state is None else state
+    state = MemoryState() if state is None else state
     snapshots, results = [], []
-    for ev in events:
-        res = fold_raw(state, ev.rollout_id.encode(), encode_event(ev))
-        apply_writes(state, res)
-        snapshots.extend(res.snapshots)
-        results.append(res)
+    for step in replay(((ev.rollout_id.encode(), encode_event(ev)) for ev in events), state=state):
+        snapshots.extend(step.snapshots)
+        results.append(step.result)
     return state, snapshots, results
 
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors.fold import DeadLetter, apply_writes, fold_raw
+from processors.fold import DeadLetter
+from processors.replay import MemoryState, replay
 from processors.state import header_codec
 from schemas.codec import decode_snapshot, encode_snapshot
 from schemas.hashing import compute_digest
@@ -28,7 +29,7 @@ SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[Heal
 
 @dataclass
 class Run:
-    state: dict = field(default_factory=dict)
+    state: MemoryState = field(default_factory=MemoryState)
     emitted: list[tuple[str, bytes]] = field(default_factory=list)
     per_event_writes: list[list[tuple[bytes, bytes | None]]] = field(default_factory=list)
     per_event_emitted: list[list[tuple[str, bytes]]] = field(default_factory=list)
@@ -36,11 +37,9 @@ class Run:
 
 
 def run(records, *, state=None, positions=True, start=0) -> Run:
-    out = Run(state={} if state is None else state)
-    for offset in range(start, len(records)):
-        key, value = records[offset]
-        res = fold_raw(out.state, key, value, position=(0, offset) if positions else None)
-        apply_writes(out.state, res)
+    out = Run(state=MemoryState() if state is None else MemoryState(state))
+    for step in replay(records[start:], state=out.state, offsets_from=start if positions else None):
+        res = step.result
         emitted = [(s.rollout_id, s.data) for s in res.emitted]
         out.emitted += emitted
         out.per_event_emitted.append(emitted)

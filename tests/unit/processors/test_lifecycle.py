@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from processors.fold import StateReadError, apply_writes, fold_raw, snapshot_id_for
+from processors.fold import StateReadError, fold_raw, snapshot_id_for
+from processors.replay import MemoryState, replay
 from processors.snapshot import INTENT_WITHOUT_CAPTURE, MAX_SNAPSHOT_BYTES, SNAPSHOT_TOO_LARGE, build_snapshot
 from processors.state import call_key, header_codec, header_key
 from schemas.codec import decode_snapshot, encode_event, encode_snapshot
@@ -20,9 +21,9 @@ R = "rollout-life"
 class Log:
     """A partition: events get consecutive offsets, and any of them can be delivered again."""
 
-    def __init__(self, state: dict | None = None) -> None:
+    def __init__(self, state: MemoryState | None = None) -> None:
         self.records: list[bytes] = []
-        self.state = {} if state is None else state
+        self.state = MemoryState() if state is None else state
 
     def publish(self, *events) -> list:
         results = []
@@ -32,9 +33,8 @@ class Log:
         return results
 
     def deliver(self, offset: int):
-        res = fold_raw(self.state, R.encode(), self.records[offset], position=(0, offset))
-        apply_writes(self.state, res)
-        return res
+        (step,) = replay([(R.encode(), self.records[offset])], state=self.state, offsets_from=offset)
+        return step.result
 
 
 def chain(n: int):
@@ -254,7 +254,7 @@ def test_an_intent_cut_short_before_its_header_is_redone_and_retirement_sweeps_i
     log.publish(event(R, c1))
     log.records.append(encode_event(event(R, started("lost-call"))))
     res = fold_raw(log.state, R.encode(), log.records[-1], position=(0, len(log.records) - 1))
-    partial = dict(log.state)
+    partial = MemoryState(log.state)
     for key, value in res.writes.items():  # a crash after the bodies, before the header (the commit point)
         if key != header_key(R):
             partial[key] = value

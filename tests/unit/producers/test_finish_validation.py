@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +25,15 @@ from schemas.records import RolloutFinished
 
 AUTH = {"authorization": "Bearer s3cret"}
 FINISH = "/rollouts/r-1/finish"
+
+
+def test_importing_the_finish_api_pulls_in_no_http_framework():
+    """A trainer calling finish_rollout imports the Kafka client, never the interceptor's web stack."""
+    code = ("import json, sys; import producers.finish\n"
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'starlette', 'httpx', 'uvicorn'})))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[3], capture_output=True,
+                         text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
 def deep(n: int) -> object:

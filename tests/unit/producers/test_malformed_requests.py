@@ -20,6 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
+from producers.app import Interceptor
+from producers.settings import InterceptorSettings
 from tests.unit.producers import raw_asgi
 from tests.unit.producers.conftest import vllm_chat_response
 
@@ -223,7 +225,7 @@ async def test_a_path_that_cannot_be_forwarded_is_a_400_naming_it(app, publisher
 
 
 @pytest.mark.parametrize("dialect", ROUTES)
-async def test_a_non_ascii_header_value_is_forwarded_as_its_bytes_and_the_call_served(app, publisher, dialect):
+async def test_a_non_ascii_header_value_is_forwarded_as_its_bytes_and_the_call_served(publisher, dialect):
     seen: list[list[tuple[bytes, bytes]]] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -232,7 +234,10 @@ async def test_a_non_ascii_header_value_is_forwarded_as_its_bytes_and_the_call_s
         seen.append(list(request.headers.raw))
         return httpx.Response(200, json=vllm_chat_response([1], [2]))
 
-    app._upstream = httpx.AsyncClient(base_url="http://engine", transport=httpx.MockTransport(handler))
+    client = httpx.AsyncClient(base_url="http://engine", transport=httpx.MockTransport(handler))
+    app = Interceptor(InterceptorSettings(upstream_url="http://engine", bootstrap="unused:9092",
+                                          control_token="s3cret"), publisher=publisher, upstream=client)
+    await app.startup()
     headers = [(b"x-harness-note", b"caf\xe9 cr\xe8me"), (b"user-agent", b"agent/\xe9")]
     r = await raw_asgi.call(app, "POST", (CAPTURE + ROUTES[dialect]).encode(),
                             body=json.dumps(VALID[dialect]).encode(), headers=headers)
@@ -244,7 +249,7 @@ async def test_a_non_ascii_header_value_is_forwarded_as_its_bytes_and_the_call_s
     # forwarded routes too
     r = await raw_asgi.call(app, "GET", b"/v1/models", headers=headers)
     assert r.status == 200
-    await app._upstream.aclose()
+    await app.shutdown()
 
 
 def sse_events(text: str) -> list[dict]:

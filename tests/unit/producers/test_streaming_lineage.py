@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 
+import httpx
 import openai
+import pytest
 
 from compose.policy.testkit import BASH, parse_sse
 from schemas.hashing import compute_digest
@@ -177,3 +179,22 @@ async def test_admin_policy_version_is_used_when_the_engine_reports_none(interce
     await interceptor.post(CHAT.format(rid="adm"), json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
     assert publisher.events[-1].body.facts.policy_version == "step-42"
     assert publisher.events[-1].body.facts.policy_version_source == "admin"
+
+
+@pytest.mark.parametrize("api", [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                                 ("/v1/messages", {"max_tokens": 9, "messages": [{"role": "user", "content": "hi"}]})])
+async def test_a_second_choice_in_the_stream_is_refused_not_dropped(interceptor, upstream, publisher, api):
+    # One chunk reader for capture and translation (producers.dialects.chat_chunks): a second
+    # choice cannot be captured as one call, in any dialect.
+    path, body = api
+    sse = (b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"prompt_token_ids":[1]}\n\n'
+           b'data: {"choices":[{"index":0,"delta":{"content":"a"},"token_ids":[5]},'
+           b'{"index":1,"delta":{"content":"b"},"token_ids":[6]}]}\n\n'
+           b"data: [DONE]\n\n")
+    upstream.responses.append(httpx.Response(200, content=sse, headers={"content-type": "text/event-stream"}))
+    r = await interceptor.post(f"/ng-rollout/two/training-token-capture{path}",
+                               json={"model": "x", "stream": True, **body})
+    assert "[DONE]" not in r.text and "message_stop" not in r.text and "error" in r.text
+    (marker,) = [e.body for e in publisher.events if isinstance(e.body, CallIncomplete)]
+    assert marker.reason == "untranslatable_output" and "second choice" in marker.detail
+    assert calls(publisher) == []

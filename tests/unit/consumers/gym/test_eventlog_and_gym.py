@@ -1,4 +1,4 @@
-"""Event-log partitioning (Kafka's murmur2) and the NeMo Gym entry conversion, without a broker."""
+"""The NeMo Gym entry conversion, without a broker (Kafka's murmur2: tests/unit/schemas/test_kafka_partitioning.py)."""
 
 from __future__ import annotations
 
@@ -6,31 +6,16 @@ import json
 
 import pytest
 
-from consumers.replay.eventlog import murmur2, partition_for
 from consumers.gym.adapters import call_to_entry, entry_to_call
 from consumers.gym.conformance import gym_entry
-from processors.fold import apply_writes, fold
+from processors.replay import replay
 from schemas.codec import decode_event, encode_event
 from schemas.errors import ContractError
 from schemas.hashing import compute_digest
 from schemas.records import ParentResolution
 from tests.factories import event, finished
 
-# Apache Kafka's UtilsTest.testMurmur2 vectors (Java ints).
-KAFKA_VECTORS = {
-    b"21": -973932308,
-    b"foobar": -790332482,
-    b"a-little-bit-long-string": -985981536,
-    b"a-little-bit-longer-string": -1486304829,
-    b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
-    b"abc": 479470107,
-}
-
-
-@pytest.mark.parametrize("key, expected", KAFKA_VECTORS.items())
-def test_murmur2_matches_kafkas_vectors(key, expected):
-    assert murmur2(key) == expected & 0xFFFFFFFF
-    assert partition_for(key, 7) == (expected & 0x7FFFFFFF) % 7
+# The murmur2 golden vectors moved with the partitioner: tests/unit/schemas/test_kafka_partitioning.py.
 
 
 def test_gym_entries_round_trip_through_the_wire_form():
@@ -44,10 +29,8 @@ def test_gym_entries_round_trip_through_the_wire_form():
 def test_an_unresolved_gym_entry_stays_unresolved_through_the_fold():
     entry = {**gym_entry("rollout-g", "call-1", [11, 12], [13, 14]), "parent_resolution": "unresolved",
              "parent_resolution_reason": "no_match"}
-    state: dict = {}
-    result = fold(state, event("rollout-g", entry_to_call(entry)))
-    apply_writes(state, result)
-    snap = fold(state, event("rollout-g", finished())).snapshots[0]
+    (snap,) = [s for step in replay([event("rollout-g", entry_to_call(entry)), event("rollout-g", finished())])
+               for s in step.snapshots]
     assert snap.calls[0].call.parent_resolution is ParentResolution.UNRESOLVED
 
 

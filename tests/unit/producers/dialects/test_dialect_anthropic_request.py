@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from producers.capture import request_items
+from producers.events import request_items
 from producers.dialects import anthropic as adialect
 from producers.dialects.common import DialectError
 from producers.extract import chat_output_items

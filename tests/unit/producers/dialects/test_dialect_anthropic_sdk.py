@@ -10,7 +10,7 @@ from __future__ import annotations
 import anthropic
 import pytest
 
-from producers.capture import request_items
+from producers.events import request_items
 from producers.dialects import anthropic as adialect
 from producers.extract import chat_output_items
 from schemas.hashing import assistant_fingerprint, conversation_digest

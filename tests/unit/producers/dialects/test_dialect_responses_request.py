@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from producers.capture import request_items
+from producers.events import request_items
 from producers.dialects import responses as rdialect
 from producers.dialects.common import DialectError
 from producers.extract import chat_output_items

@@ -13,7 +13,7 @@ import json
 import openai
 import pytest
 
-from producers.capture import request_items
+from producers.events import request_items
 from producers.dialects import responses as rdialect
 from producers.extract import chat_output_items
 from schemas.hashing import assistant_fingerprint, conversation_digest

@@ -1,29 +1,24 @@
-"""One captured call, whatever the dialect: non-streaming, or streamed through as it is generated.
+"""``handle_generation``: the HTTP side of one captured call (``CaptureServices`` and a dialect adapter only).
 
-Before dispatch the request is fitted to the engine (``CaptureCore.begin``: a model it
-serves, a budget within ``max_model_len``, learnt once from GET /v1/models) and, with
-prefix supply, given its exact prompt ids (two renders, ``producers.prefix_supply``).
+Before dispatch the request is fitted to the engine (``CaptureCore.begin``: a model it serves, a budget within
+``max_model_len``) and, with prefix supply, given its exact prompt ids (``producers.prefix_supply``).
 
-Non-streaming: the engine's answer is judged, translated, made durable, then returned.
-Streaming: chunks reach the client as the engine produces them (translated event by
-event, token fields removed); the engine stream is read by a task of its own, so a
-client that disconnects does not cut the capture short; only the terminal event waits
-until the capture is durable. Either way a call leaves exactly one record, decided
-before anything is written (``producers.core``).
+Non-streaming: the engine's answer is judged, translated, made durable, then returned. Streaming: chunks reach
+the client as the engine produces them (translated event by event, token fields removed); the engine stream is
+read by a task of its own, so a client that disconnects does not cut the capture short; only the terminal
+event waits until the capture is durable. Either way a call leaves exactly one record (``producers.capture``).
 
 A request that cannot be read (not JSON, not an object, nested deeper than
-``producers.json_limits.MAX_JSON_DEPTH``) or that the dialect refuses is a 400 in the
-caller's dialect naming the field; nothing is recorded and nothing reaches the engine.
+``producers.json_limits.MAX_JSON_DEPTH``) or that the dialect refuses is a 400 in the caller's dialect naming
+the field; nothing is recorded and nothing reaches the engine.
 
-Engine errors, each recorded with the engine's message: no answer at all (whatever the
-transport raised; an in-process upstream raises anything, e.g. KeyError) or a 5xx is
-CallIncomplete(upstream_error); a 4xx is CallIncomplete(engine_rejected), after one
-retry with a smaller max_tokens when the engine refused it for its context window and
-the window still has room. A broken stream is CallIncomplete(stream_interrupted), an
-error event mid-stream CallIncomplete(upstream_error); the client then gets an error
-event instead of the terminal one. An aborted generation (vLLM pauses in-flight requests
-for a weight sync) is CallIncomplete(aborted) and a 503 the harness can retry. Anything
-else that goes wrong is CallIncomplete(capture_exception) and a 500 naming it.
+Engine errors, each recorded with the engine's message: no answer at all (whatever the transport raised; an
+in-process upstream raises anything, e.g. KeyError) or a 5xx is CallIncomplete(upstream_error); a 4xx is
+CallIncomplete(engine_rejected), after one retry with a smaller max_tokens when the engine refused it for its
+context window and the window still has room. A broken stream is CallIncomplete(stream_interrupted), an error
+event mid-stream CallIncomplete(upstream_error); the client then gets an error event instead of the terminal
+one. An aborted generation (vLLM pauses in-flight requests for a weight sync) is CallIncomplete(aborted) and a
+503 the harness can retry. Anything else that goes wrong is CallIncomplete(capture_exception), a 500 naming it.
 """
 
 from __future__ import annotations
@@ -37,7 +32,7 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 
 from producers import prefix_supply
-from producers.core import Call, Outcome
+from producers.capture import Call, Outcome
 from producers.engine_info import (
     CHAT_PATH,
     EngineCallError,
@@ -48,6 +43,7 @@ from producers.engine_info import (
     render_ids,
 )
 from producers.dialects.common import json_type
+from producers.http import durability_error
 from producers.json_limits import load_json, nesting_problem
 from producers.streaming import ChatStreamAccumulator
 from schemas.records import IncompleteReason
@@ -55,8 +51,10 @@ from schemas.records import IncompleteReason
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-    from producers.adapters import DialectAdapter, StreamAdapter
-    from producers.app import Interceptor
+    from producers.dialects.base import DialectAdapter, StreamAdapter
+    from producers.services import CaptureServices
+
+__all__ = ["handle_generation"]
 
 log = logging.getLogger("tokentrail.interceptor")
 _SERVED = (Outcome.CAPTURED, Outcome.INCOMPLETE)
@@ -73,10 +71,10 @@ _REFUSED = {
 _ENGINE_ENDED = ("abort", "error")  # finish reasons the core records as failures
 
 
-async def handle_generation(app: Interceptor, request: Request, rollout_id: str, api_path: str,
+async def handle_generation(svc: CaptureServices, request: Request, rollout_id: str, api_path: str,
                             adapter: DialectAdapter) -> Response:
     started = time.perf_counter()
-    what = f"invalid {adapter.dialect.value.lower()} request"
+    what = f"invalid {adapter.spec.wire.value.lower()} request"
     try:
         body = load_json(await request.body(), "the request body")
         if not isinstance(body, dict):
@@ -92,20 +90,19 @@ async def handle_generation(app: Interceptor, request: Request, rollout_id: str,
         return adapter.error(400, f"{what}: it could not be read ({type(exc).__name__}: {exc}); check each field's "
                                   "type against the API reference", "invalid_request_error")
     headers = {k.lower(): v for k, v in request.headers.items()}
-    upstream_headers = app.upstream_headers(request)
+    upstream_headers = svc.upstream_headers(request)
     upstream_headers["content-type"] = "application/json"  # the body is ours; vLLM refuses any other type
-    core = app.core
+    core = svc.core
     call: Call | None = None
     try:
-        engine = await core.catalog.get(app.upstream, _auth(upstream_headers))
-        call = core.begin(rollout_id, api_path, adapter.dialect, adapter.id_kind, parsed, body, headers, started,
-                          engine)
+        engine = await core.catalog.get(svc.upstream, _auth(upstream_headers))
+        call = core.begin(rollout_id, api_path, adapter.spec, parsed, body, headers, started, engine)
         if call.prefix_requested:
-            await _supply_prefix(app, call, upstream_headers)
+            await _supply_prefix(svc, call, upstream_headers)
         upstream_body = core.upstream_body(call)
         if not parsed.stream:
-            return await _complete(app, call, adapter, parsed, upstream_body, upstream_headers)
-        return await _stream(app, call, adapter, parsed, upstream_body, upstream_headers)
+            return await _complete(svc, call, adapter, parsed, upstream_body, upstream_headers)
+        return await _stream(svc, call, adapter, parsed, upstream_body, upstream_headers)
     except Exception as exc:  # never an unexplained 500: record what broke, then say so
         log.exception("capture of a call of rollout %s failed", rollout_id)
         call_id = call.ctx.model_call_id if call is not None else None
@@ -117,7 +114,7 @@ def _auth(headers: dict[str, str]) -> dict[str, str]:
     return {"authorization": headers["authorization"]} if "authorization" in headers else {}
 
 
-async def _supply_prefix(app: Interceptor, call: Call, headers: dict[str, str]) -> None:
+async def _supply_prefix(svc: CaptureServices, call: Call, headers: dict[str, str]) -> None:
     """Put the exact prompt ids on ``call`` when they can be built; otherwise it is sent as rendered."""
     why = prefix_supply.ineligible(call.body)
     if not why:
@@ -126,7 +123,7 @@ async def _supply_prefix(app: Interceptor, call: Call, headers: dict[str, str]) 
         assert parent is not None and parent.cum_tokens is not None  # begin() set prefix_requested
         bodies = [through_parent, full] + ([] if parent.ends_on_stop else [prefix_supply.emptied_body(through_parent)])
         auth = _auth(headers)
-        rendered = await asyncio.gather(*(render_ids(app.upstream, auth, b) for b in bodies), return_exceptions=True)
+        rendered = await asyncio.gather(*(render_ids(svc.upstream, auth, b) for b in bodies), return_exceptions=True)
         failed = next((r for r in rendered if isinstance(r, BaseException)), None)
         if failed is not None:
             if not isinstance(failed, EngineCallError):
@@ -139,41 +136,41 @@ async def _supply_prefix(app: Interceptor, call: Call, headers: dict[str, str]) 
         log.info("prompt ids not supplied for call %s: %s", call.ctx.model_call_id, why)
 
 
-async def _send(app: Interceptor, call: Call, adapter: DialectAdapter, body: dict[str, Any],
+async def _send(svc: CaptureServices, call: Call, adapter: DialectAdapter, body: dict[str, Any],
                 headers: dict[str, str]) -> Any:
     """The engine's streaming answer (status < 400), or the error the harness gets (evidence recorded)."""
     for attempt in (1, 2):
         try:
-            request = app.upstream.build_request("POST", CHAT_PATH, content=orjson.dumps(body), headers=headers)
-            upstream = await app.upstream.send(request, stream=True)
+            request = svc.upstream.build_request("POST", CHAT_PATH, content=orjson.dumps(body), headers=headers)
+            upstream = await svc.upstream.send(request, stream=True)
         except Exception as exc:
-            return await _engine_failed(app, call, adapter, f"model server unreachable: {exc!r}")
+            return await _engine_failed(svc, call, adapter, f"model server unreachable: {exc!r}")
         if upstream.status_code < 400:
             return upstream
         try:
             content = await upstream.aread()
         except Exception as exc:
-            return await _engine_failed(app, call, adapter, f"model server error {upstream.status_code} unreadable: "
+            return await _engine_failed(svc, call, adapter, f"model server error {upstream.status_code} unreadable: "
                                                             f"{exc!r}")
         finally:
             await upstream.aclose()
         if attempt == 1 and upstream.status_code == 400:
-            budget = await _context_budget(app, call, body, headers, content)
+            budget = await _context_budget(svc, call, body, headers, content)
             if budget is not None:
-                app.core.lower_max_tokens(call, body, budget)
+                svc.core.lower_max_tokens(call, body, budget)
                 continue
-        return await _engine_error(app, call, adapter, upstream.status_code, content)
+        return await _engine_error(svc, call, adapter, upstream.status_code, content)
     raise AssertionError("unreachable: the second attempt always returns")
 
 
-async def _context_budget(app: Interceptor, call: Call, body: dict[str, Any], headers: dict[str, str],
+async def _context_budget(svc: CaptureServices, call: Call, body: dict[str, Any], headers: dict[str, str],
                           content: bytes) -> int | None:
     """A max_tokens the engine can serve after it refused ``body`` for its context window; None: none can."""
     refusal = context_refusal(engine_message(content))
     sent = body.get(max_tokens_key(body))
     if refusal is None or not isinstance(sent, int):
         return None
-    info = app.core.catalog.info
+    info = svc.core.catalog.info
     limit = refusal.max_model_len or (info.max_model_len(body.get("model")) if info else None)
     if limit is None:
         return None
@@ -184,7 +181,7 @@ async def _context_budget(app: Interceptor, call: Call, body: dict[str, Any], he
         if used is None:
             try:
                 used = len(call.supplied_prefix) if call.supplied_prefix else await prompt_tokens(
-                    app.upstream, _auth(headers), body)
+                    svc.upstream, _auth(headers), body)
             except EngineCallError as exc:
                 log.warning("cannot measure the prompt of call %s to fit max_tokens: %s", call.ctx.model_call_id, exc)
                 return None
@@ -192,17 +189,17 @@ async def _context_budget(app: Interceptor, call: Call, body: dict[str, Any], he
     return budget if 1 <= budget < sent else None
 
 
-async def _complete(app: Interceptor, call: Call, adapter: DialectAdapter, parsed: Any,
+async def _complete(svc: CaptureServices, call: Call, adapter: DialectAdapter, parsed: Any,
                     upstream_body: dict[str, Any], headers: dict[str, str]) -> Response:
     upstream_body["stream"] = False
     sent = time.perf_counter()
-    upstream = await _send(app, call, adapter, upstream_body, headers)
+    upstream = await _send(svc, call, adapter, upstream_body, headers)
     if isinstance(upstream, Response):
         return upstream
     try:
         content = await upstream.aread()
     except Exception as exc:
-        return await _engine_failed(app, call, adapter, f"reading the model server's answer failed: {exc!r}")
+        return await _engine_failed(svc, call, adapter, f"reading the model server's answer failed: {exc!r}")
     finally:
         await upstream.aclose()
     engine_s = time.perf_counter() - sent
@@ -211,16 +208,16 @@ async def _complete(app: Interceptor, call: Call, adapter: DialectAdapter, parse
         if not isinstance(data, dict):
             raise ValueError(f"a JSON {type(data).__name__}, not an object")
     except ValueError as exc:
-        return await _engine_failed(app, call, adapter, f"model server answered with invalid JSON: {exc}")
-    outcome = await app.core.complete(call, data, prepare=lambda: adapter.render(data, call.response_id, parsed))
+        return await _engine_failed(svc, call, adapter, f"model server answered with invalid JSON: {exc}")
+    outcome = await svc.core.complete(call, data, prepare=lambda: adapter.render(data, call.response_id, parsed))
     if outcome is Outcome.NOT_DURABLE:
-        return app.durability_error(adapter)
+        return durability_error(adapter.error)
     if outcome not in _SERVED:
         return _refused(adapter, call, outcome)
     response: Response = call.answer
     # Server-Timing (RFC-style): the engine's share and ours, durable ack included.
     ours = time.perf_counter() - call.started - engine_s
-    app.metrics.overhead_seconds.observe(ours)
+    svc.metrics.overhead_seconds.observe(ours)
     response.headers["server-timing"] = f"engine;dur={engine_s * 1000:.3f}, tokentrail;dur={ours * 1000:.3f}"
     return response
 
@@ -239,16 +236,16 @@ def _with_failure(message: str, call: Call, outcome: Outcome) -> str:
     return f"{message}: {call.failure}" if outcome is Outcome.UNTRANSLATABLE and call.failure else message
 
 
-async def _stream(app: Interceptor, call: Call, adapter: DialectAdapter, parsed: Any,
+async def _stream(svc: CaptureServices, call: Call, adapter: DialectAdapter, parsed: Any,
                   upstream_body: dict[str, Any], headers: dict[str, str]) -> Response:
     upstream_body["stream"] = True
-    if adapter.id_kind != "chat":  # the translated terminal events report usage
+    if adapter.spec.stream_usage:  # the translated terminal events report usage
         upstream_body["stream_options"] = {"include_usage": True}
-    upstream = await _send(app, call, adapter, upstream_body, headers)
+    upstream = await _send(svc, call, adapter, upstream_body, headers)
     if isinstance(upstream, Response):
         return upstream
     queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-    app.track(asyncio.get_running_loop().create_task(_pump(app, call, adapter, parsed, upstream, queue)))
+    svc.tasks.track(asyncio.get_running_loop().create_task(_pump(svc, call, adapter, parsed, upstream, queue)))
 
     async def body() -> AsyncIterator[bytes]:
         while (item := await queue.get()) is not None:
@@ -258,12 +255,12 @@ async def _stream(app: Interceptor, call: Call, adapter: DialectAdapter, parsed:
                              headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
 
 
-async def _pump(app: Interceptor, call: Call, adapter: DialectAdapter, parsed: Any,
+async def _pump(svc: CaptureServices, call: Call, adapter: DialectAdapter, parsed: Any,
                 upstream: Any, queue: asyncio.Queue[bytes | None]) -> None:
     """Read the engine's stream to its end, forward it translated, then capture."""
     acc = ChatStreamAccumulator()
     out = adapter.stream_adapter(call.response_id, parsed)
-    core = app.core
+    core = svc.core
     ctx = call.ctx
     try:
         broke = await _relay(upstream, acc, out, queue)
@@ -319,7 +316,11 @@ async def _relay(upstream: Any, acc: ChatStreamAccumulator, out: StreamAdapter,
             return IncompleteReason.STREAM_INTERRUPTED, f"engine chunk {acc.chunks + 1} is not a JSON object"
         if "error" in chunk and "choices" not in chunk:
             return IncompleteReason.UPSTREAM_ERROR, f"engine error after {acc.chunks} chunks: {chunk['error']}"
-        acc.feed(chunk)
+        try:  # the one chunk reader (producers.dialects.chat_chunks) refuses what no dialect can express
+            acc.feed(chunk)
+        except ValueError as exc:
+            return (IncompleteReason.UNTRANSLATABLE_OUTPUT,
+                    f"engine chunk {acc.chunks + 1} cannot be expressed in the client's dialect: {exc}")
         if acc.finish_reason in _ENGINE_ENDED:
             return None  # the core records it; the harness gets an error event, not this chunk
         try:
@@ -331,19 +332,19 @@ async def _relay(upstream: Any, acc: ChatStreamAccumulator, out: StreamAdapter,
             queue.put_nowait(piece)
 
 
-async def _engine_failed(app: Interceptor, call: Call, adapter: DialectAdapter, detail: str) -> Response:
+async def _engine_failed(svc: CaptureServices, call: Call, adapter: DialectAdapter, detail: str) -> Response:
     ctx = call.ctx
-    if not await app.core.incomplete(ctx.rollout_id, ctx.model_call_id, IncompleteReason.UPSTREAM_ERROR, ctx.route,
+    if not await svc.core.incomplete(ctx.rollout_id, ctx.model_call_id, IncompleteReason.UPSTREAM_ERROR, ctx.route,
                                      None, detail):
         log.error("upstream failure of call %s could not be recorded", ctx.model_call_id)
     return adapter.error(502, detail, "upstream_error")
 
 
-async def _engine_error(app: Interceptor, call: Call, adapter: DialectAdapter, status: int, content: bytes) -> Response:
+async def _engine_error(svc: CaptureServices, call: Call, adapter: DialectAdapter, status: int, content: bytes) -> Response:
     # A 4xx generated nothing, but the harness's turn is lost all the same: the rollout must say why.
     ctx = call.ctx
     reason = IncompleteReason.UPSTREAM_ERROR if status >= 500 else IncompleteReason.ENGINE_REJECTED
-    if not await app.core.incomplete(ctx.rollout_id, ctx.model_call_id, reason, ctx.route, status,
+    if not await svc.core.incomplete(ctx.rollout_id, ctx.model_call_id, reason, ctx.route, status,
                                      engine_message(content)):
         log.error("engine error %d of call %s could not be recorded", status, ctx.model_call_id)
     return adapter.upstream_error(status, content)

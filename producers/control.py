@@ -1,0 +1,74 @@
+"""The interceptor's control routes: finishing a rollout and setting the policy version.
+
+Guarantees: every control route needs ``Authorization: Bearer <TOKENTRAIL_CONTROL_TOKEN>``
+(constant-time compare; with no token configured, every control call is a 401).
+``POST /rollouts/<id>/finish`` answers only after RolloutFinished is durable (503
+otherwise) and then drops the rollout from the lineage index (a finished rollout is
+not continued); a body the event cannot carry is a 400 naming the field
+(``producers.finish``). ``POST /tokentrail/admin/policy-version`` sets the version
+recorded on calls whose engine names none.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from producers.events import make_event
+from producers.finish import finish_request_body
+from producers.http import error_response, json_response
+from producers.routing import finish_rollout_id
+from producers.services import CaptureServices
+from schemas.errors import ContractError, TransportError
+from schemas.ids import validate_rollout_id
+
+__all__ = ["POLICY_VERSION_PATH", "handle_control"]
+
+POLICY_VERSION_PATH = "/tokentrail/admin/policy-version"
+
+
+async def handle_control(svc: CaptureServices, request: Request, path: str, raw_path: bytes | None) -> Response:
+    """Answer a request on a control path (``producers.routing.is_control``)."""
+    if not _authorized(svc, request):
+        return error_response(401, "control routes need 'Authorization: Bearer <token>' matching "
+                                   "TOKENTRAIL_CONTROL_TOKEN", "unauthorized")
+    try:
+        rollout_id = finish_rollout_id(path, raw_path)
+    except ContractError as exc:
+        return error_response(400, str(exc), "invalid_rollout_id")
+    if rollout_id is not None and request.method == "POST":
+        return await _finish(svc, request, rollout_id)
+    if path == POLICY_VERSION_PATH and request.method == "POST":
+        try:
+            version = orjson.loads(await request.body())["version"]
+        except (ValueError, KeyError, TypeError):
+            return error_response(400, 'body must be {"version": "<policy version>"}', "invalid_request_error")
+        svc.core.admin_policy_version = None if version is None else str(version)
+        return json_response({"policy_version": svc.core.admin_policy_version})
+    return error_response(404, f"no control route {request.method} {path!r}", "not_found")
+
+
+def _authorized(svc: CaptureServices, request: Request) -> bool:
+    token = svc.settings.control_token
+    if token is None:
+        return False
+    given = request.headers.get("authorization", "")
+    return hmac.compare_digest(given.encode(), f"Bearer {token.get_secret_value()}".encode())
+
+
+async def _finish(svc: CaptureServices, request: Request, rollout_id: str) -> Response:
+    try:
+        validate_rollout_id(rollout_id)
+        body = finish_request_body(await request.body())
+    except (ContractError, ValueError) as exc:
+        return error_response(400, str(exc), "invalid_request_error")
+    event = make_event(rollout_id, body, svc.source)
+    try:
+        await svc.core.write_event(event)
+    except TransportError as exc:
+        return error_response(503, f"RolloutFinished not durable: {exc}", "capture_unavailable")
+    svc.core.index.forget(rollout_id)  # a finished rollout is not continued
+    return json_response({"rollout_id": rollout_id, "event_id": event.event_id})

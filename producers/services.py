@@ -1,0 +1,97 @@
+"""What the interceptor's handlers depend on: ``CaptureServices``, built whole before the app serves.
+
+Guarantees: ``open_services`` returns only a running capture (its durable writer
+started, its spool claimed, its lineage index and engine catalog in place), so no
+handler ever sees a half-built one; a handler reaches nothing of the Interceptor
+but these fields. ``probe_prefix_supply_of`` raises ConfigError (startup fails)
+unless the engine renders chat requests and honours supplied prompt ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import httpx
+from starlette.requests import Request
+
+from producers import http
+from producers.capture import CaptureCore
+from producers.durable import DurableWriter
+from producers.engine_info import EngineCatalog, probe_prefix_supply
+from producers.lineage_index import LineageIndex
+from producers.metrics import InterceptorMetrics
+from producers.publisher import KafkaPublisher
+from producers.settings import InterceptorSettings
+from producers.spool import Spool
+
+__all__ = ["CaptureServices", "TaskTracker", "engine_client", "open_services", "probe_prefix_supply_of"]
+
+
+@dataclass(slots=True)
+class TaskTracker:
+    """Background tasks (stream pumps) kept alive until they end, and awaited at shutdown."""
+
+    _tasks: set[asyncio.Task] = field(default_factory=set)
+
+    def track(self, task: asyncio.Task) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def wait(self, timeout: float) -> None:
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureServices:
+    """The dependencies of every handler, fixed for the life of the app.
+
+    ``core`` runs a call and holds its evidence path (writer, lineage index, engine
+    catalog, admin policy version); ``upstream`` is the engine; ``settings`` carries the
+    header policy (``upstream_api_key``) and the control token; ``tasks`` keeps stream
+    pumps alive; ``metrics`` and ``source`` are the core's own.
+    """
+
+    core: CaptureCore
+    upstream: httpx.AsyncClient
+    settings: InterceptorSettings
+    tasks: TaskTracker
+    metrics: InterceptorMetrics
+    source: str
+
+    def upstream_headers(self, request: Request) -> dict[str, str | bytes]:
+        """The harness's headers for the engine, under this interceptor's credential policy."""
+        return http.upstream_headers(request.headers, self.settings.upstream_api_key)
+
+
+def engine_client(settings: InterceptorSettings) -> httpx.AsyncClient:
+    """The pooled client to the engine at ``settings.upstream_url``."""
+    return httpx.AsyncClient(
+        base_url=settings.upstream_url,
+        timeout=httpx.Timeout(settings.upstream_timeout_s, connect=10.0),
+        limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+    )
+
+
+async def probe_prefix_supply_of(settings: InterceptorSettings, upstream: httpx.AsyncClient,
+                                 catalog: EngineCatalog) -> None:
+    """ConfigError (startup fails) unless the engine can take supplied prompt ids."""
+    key = settings.upstream_api_key
+    auth = {"authorization": f"Bearer {key.get_secret_value()}"} if key else {}
+    info = await catalog.get(upstream, auth)
+    await probe_prefix_supply(upstream, auth, settings.upstream_model or (info.names[0] if info else None))
+
+
+def open_services(settings: InterceptorSettings, publisher: KafkaPublisher, upstream: httpx.AsyncClient, *,
+                  metrics: InterceptorMetrics, source: str, catalog: EngineCatalog) -> CaptureServices:
+    """Claim the spool (DurabilityError when another live process holds it), build the core, start the writer."""
+    spool = Spool(settings.spool_dir) if settings.spool_dir is not None else None
+    writer = DurableWriter(publisher, spool, bootstrap=settings.bootstrap, on_depth=metrics.spool_depth.set)
+    index = LineageIndex(max_rollouts=settings.index_max_rollouts, max_tokens=settings.index_max_tokens,
+                         keep_tokens=settings.prefix_supply)
+    core = CaptureCore(settings, writer, index, metrics, source, catalog)
+    metrics.spool_depth.set(writer.spooled)
+    writer.start()
+    return CaptureServices(core=core, upstream=upstream, settings=settings, tasks=TaskTracker(), metrics=metrics,
+                           source=source)
