@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from schemas.topics import DEFAULT_PARTITIONS, topic_names
+from schemas.topics import DEFAULT_PARTITIONS, add_topic_options, topic_names
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -17,7 +17,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"partitions of each new topic (default {DEFAULT_PARTITIONS})")
     parser.add_argument("--timeout", type=float, default=30.0,
                         help="seconds to wait for the broker to answer (default 30)")
-    parser.add_argument("--topic-prefix", default="", help="prefix of every topic name (isolation)")
+    add_topic_options(parser, wait=False)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ import sys
 
 from pydantic import ValidationError
 
-from schemas.topics import DEFAULT_TOPIC_WAIT_S
+from schemas.topics import add_topic_options
 
 EXIT_TOPICS_UNAVAILABLE = 4
 
@@ -37,10 +37,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-mask-fraction", type=float, help="stop when more than this fraction is masked")
     parser.add_argument("--mask-fraction-min-samples", type=int, default=50)
     parser.add_argument("--max-rollouts", type=int, help="stop after delivering this many rollouts")
-    parser.add_argument("--topic-prefix", default="", help="prefix of every topic name (isolation)")
-    parser.add_argument("--topic-wait", type=float, default=DEFAULT_TOPIC_WAIT_S, metavar="SECONDS",
-                        help="how long to wait at startup for the broker and the topics before exiting 4 "
-                             f"(default {DEFAULT_TOPIC_WAIT_S:g})")
+    add_topic_options(parser)
     parser.add_argument("--log-level", default="WARNING")
 
 

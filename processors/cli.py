@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from schemas.topics import DEFAULT_TOPIC_WAIT_S
+from schemas.topics import add_topic_options
 
 EXIT_TOPICS_UNAVAILABLE = 4
 
@@ -30,12 +30,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="RocksDB directory for this worker (one per process)")
     parser.add_argument("--app-id", default="tokentrail-processor", help="consumer group id / changelog prefix")
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--topic-prefix", default="", help="prefix of every topic name (isolation)")
     parser.add_argument("--hole-check-interval", type=float, default=1.0, metavar="SECONDS",
                         help="how often the offset guard repeats a rewind and checks quiet partitions' tails")
-    parser.add_argument("--topic-wait", type=float, default=DEFAULT_TOPIC_WAIT_S, metavar="SECONDS",
-                        help="how long to wait at startup for the broker and the topics before exiting 4 "
-                             f"(default {DEFAULT_TOPIC_WAIT_S:g})")
+    add_topic_options(parser)
     parser.add_argument("--log-level", default="WARNING")
 
 

@@ -72,6 +72,15 @@ def check_bootstrap(value: str) -> str:
 DEFAULT_TOPIC_WAIT_S = 10.0
 
 
+def add_topic_options(parser: Any, *, wait: bool = True) -> None:
+    """The topic flags every tokentrail process takes, spelt once: ``--topic-prefix`` and ``--topic-wait``."""
+    parser.add_argument("--topic-prefix", default="", help="prefix of every topic name (isolation)")
+    if wait:
+        parser.add_argument("--topic-wait", type=float, default=DEFAULT_TOPIC_WAIT_S, metavar="SECONDS",
+                            help="how long to wait at startup for the broker and the topics before exiting 4 "
+                                 f"(default {DEFAULT_TOPIC_WAIT_S:g})")
+
+
 class TopicsUnavailable(TokentrailError):
     """Topics a process needs are missing (or no broker answered) after the bounded startup wait."""
 

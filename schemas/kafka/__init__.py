@@ -13,19 +13,11 @@ by this package itself, so ``import schemas.kafka.config`` stays framework-free;
 the names below resolve lazily for convenience.
 """
 
-from __future__ import annotations
+from schemas.surface import lazy_surface
 
-import importlib
-from typing import Any
-
-__all__ = ["AckedProducer", "PublishFailed", "TopicReader", "admin_client"]
-
-_LAZY = {"AckedProducer": "bridge", "PublishFailed": "bridge", "admin_client": "bridge", "TopicReader": "scan"}
-
-
-def __getattr__(name: str) -> Any:
-    # Importing a framework edge only when one of its names is asked for keeps the pure modules pure.
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__all__, __getattr__ = lazy_surface(__name__, {
+    "AckedProducer": "schemas.kafka.bridge",
+    "PublishFailed": "schemas.kafka.bridge",
+    "admin_client": "schemas.kafka.bridge",
+    "TopicReader": "schemas.kafka.scan",
+})
