@@ -22,7 +22,6 @@ in-process async iterator ``consumers.sinks.stream.RolloutStream``.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
 import re
@@ -31,6 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from consumers.rebuild import to_json_line
 from schemas.errors import ConfigError
+from schemas.plugins import load_class
 from schemas.records import RebuiltRollout
 
 
@@ -154,14 +154,6 @@ def check_sink_class(cls: Any, name: str) -> None:
 
 def _load_class(target: str) -> tuple[Any, str]:
     spec = BUILTIN_SINKS.get(target, target)
-    module_name, sep, class_name = spec.partition(":")
-    if not sep or not module_name or not class_name or not all(p.isidentifier() for p in module_name.split(".")):
+    if ":" not in spec:
         raise ConfigError(f"sink {target!r} must be 'module:Class' or one of {sorted(BUILTIN_SINKS)}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"could not load sink {spec!r}: {exc}") from exc
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise ConfigError(f"could not load sink {spec!r}: module {module_name} has no attribute {class_name!r}")
-    return cls, spec
+    return load_class(spec, "sink"), spec

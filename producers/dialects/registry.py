@@ -19,7 +19,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 from schemas.errors import ConfigError, ContractError
 from schemas.ids import check_response_id_prefix
 from schemas.ids import response_id as _response_id
+from schemas.plugins import load_class
 from schemas.records import Dialect
 
 __all__ = ["ADAPTER_METHODS", "DIALECTS", "DialectRegistry", "DialectSpec"]
@@ -104,14 +104,7 @@ class DialectRegistry:
 
 
 def _load(spec: DialectSpec) -> Any:
-    module_name, _, class_name = spec.adapter.partition(":")
-    if not module_name or not class_name:
-        raise ConfigError(f"dialect {spec.name!r}: adapter {spec.adapter!r} must be 'module:Class'")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"dialect {spec.name!r}: cannot load adapter {spec.adapter!r}: {exc}") from exc
-    adapter = cls(spec)
+    adapter = load_class(spec.adapter, f"adapter of dialect {spec.name!r}")(spec)
     missing = [name for name in ADAPTER_METHODS if not callable(getattr(adapter, name, None))]
     if missing:
         raise ConfigError(f"dialect {spec.name!r}: adapter {spec.adapter!r} lacks {', '.join(missing)} "
