@@ -27,7 +27,8 @@ def test_the_rule_imports_the_stdlib_only():
             "print(json.dumps(sorted(new - set(sys.stdlib_module_names))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[3], capture_output=True,
                          text=True, check=True)
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["producers"]
+    # Our own packages only (the package surfaces resolve through schemas.surface): no third-party import.
+    assert set(json.loads(out.stdout.strip().splitlines()[-1])) <= {"producers", "schemas"}
 
 
 def test_splice_keeps_the_parents_ids_and_appends_the_new_turns_after_its_stop_token():
