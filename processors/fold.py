@@ -34,7 +34,15 @@ Guarantees:
   the exact snapshot id and version and leaves a tombstone, so later writers
   of the retired attempt are reported as dead letters.
 - Bad input never stops the stream: an undecodable, newer-schema or invalid
-  event, or one the fold cannot apply, becomes a dead letter with the reason.
+  event (bytes after its Avro body, a rollout or model call id outside its
+  rule in ``schemas.ids``, a key that is not its rollout id), or one the fold
+  cannot apply, becomes a dead letter with the reason. Fail closed: a refused
+  record keyed to a valid rollout id marks that rollout incomplete
+  (``invalid_event``, naming the reason), since what it carried is lost;
+  other rollouts are untouched.
+- Snapshots decode: a call is stored as the exact body bytes of an event that
+  decoded strictly (nothing after its body) or as a re-encoding, and the
+  snapshot splices those bytes, so every emitted snapshot is a valid record.
 """
 
 from __future__ import annotations
@@ -61,28 +69,33 @@ from processors.state import (
     seq_key,
 )
 from processors.txn import DeadLetter, FoldResult, Position, StateReader, StateReadError, Txn
-from schemas.codec import decode_event, encode_event, event_body_bytes
+from schemas.codec import decode_event_with_body, encode_event, event_body_bytes
 from schemas.errors import CodecError, ContractError
-from schemas.ids import validate_rollout_id
-from schemas.records import CallCaptured, CallIncomplete, CallStarted, RetireRequested, RolloutEvent, RolloutFinished
+from schemas.ids import validate_model_call_id, validate_rollout_id
+from schemas.records import (
+    CallCaptured, CallIncomplete, CallStarted, IncompleteReason, RetireRequested, RolloutEvent, RolloutFinished,
+)
+
+# The refusal a marker quotes is cut here (a dead letter's detail can be long: a fastavro message, a value).
+_DETAIL_LIMIT = 600
 
 __all__ = ["CONFLICTING_PAYLOAD", "DeadLetter", "FoldResult", "StateReadError", "StateReader", "fold", "fold_raw",
            "snapshot_id_for"]
 
 
 def fold_raw(state: StateReader, key: bytes | None, value: bytes, *, position: Position | None = None) -> FoldResult:
-    """Decode one Kafka record and fold it; undecodable or invalid records become dead letters."""
+    """Decode one Kafka record and fold it; undecodable or invalid records become dead letters.
+
+    A refused record is lost evidence of the rollout it is keyed to (it may have been one of
+    its calls), so, fail closed, that rollout gets an ``invalid_event`` incomplete marker
+    naming the reason (``_refused``); a record that names no valid rollout only dead-letters.
+    """
+    event = None
     try:
-        event = decode_event(value)
-        validate_rollout_id(event.rollout_id)
-        if key is not None and key != event.rollout_id.encode():
-            raise ContractError(
-                f"record key {key!r} differs from rollout_id {event.rollout_id!r}: producers must key "
-                "every event by its UTF-8 rollout id"
-            )
-        body = event_body_bytes(value)
+        event, body = decode_event_with_body(value)
+        _validate(event, key)
     except (CodecError, ContractError) as exc:
-        return FoldResult(deadletters=[DeadLetter(type(exc).__name__, str(exc), _safe_key(key))])
+        return _refused(state, key, event, value, DeadLetter(type(exc).__name__, str(exc), _safe_key(key)), position)
     try:
         return fold(state, event, body=body, position=position)
     except StateReadError:
@@ -93,13 +106,75 @@ def fold_raw(state: StateReader, key: bytes | None, value: bytes, *, position: P
         return FoldResult(deadletters=[DeadLetter("FoldError", f"{type(exc).__name__}: {exc}", event.rollout_id)])
 
 
+def _validate(event: RolloutEvent, key: bytes | None) -> None:
+    """The checks a decoded event must pass before it is folded (each error names field, value and fix)."""
+    validate_rollout_id(event.rollout_id)
+    if key is not None and key != event.rollout_id.encode():
+        raise ContractError(
+            f"record key {key!r} differs from rollout_id {event.rollout_id!r}: producers must key "
+            "every event by its UTF-8 rollout id"
+        )
+    msg = event.body
+    # Call ids become state keys and snapshot fields: one rule (schemas.ids), checked before any write.
+    # A CallIncomplete may have none (the call failed before one was minted).
+    call_id = getattr(msg, "model_call_id", None)
+    if isinstance(msg, (CallCaptured, CallStarted)) or (isinstance(msg, CallIncomplete) and call_id is not None):
+        validate_model_call_id(call_id, field=f"{type(msg).__name__}.model_call_id")
+
+
+def _refused(state: StateReader, key: bytes | None, event: RolloutEvent | None, value: bytes, dead: DeadLetter,
+             position: Position | None) -> FoldResult:
+    """The dead letter of a refused record, and an ``invalid_event`` marker on the rollout it belongs to.
+
+    The rollout is the record's key (where it was partitioned and folded), or the decoded event's
+    rollout id when the record has no key; neither valid: only the dead letter. The marker is an
+    ordinary fold of a CallIncomplete whose event id is derived from the record's bytes, so a
+    redelivered or re-published copy adds nothing and live and replay give the same state.
+    Exactly one dead letter per refused record: the marker's own fold (say, after a retirement) adds none.
+    """
+    rollout_id = _rollout_of(key, event)
+    if rollout_id is None:
+        return FoldResult(deadletters=[dead])
+    raw = bytes(value) if isinstance(value, (bytes, bytearray, memoryview)) else repr(value).encode()
+    marker = RolloutEvent(
+        event_id="invalid-" + hashlib.sha256(raw).hexdigest()[:32],
+        rollout_id=rollout_id,
+        emitted_at=0,
+        source="processor",
+        body=CallIncomplete(
+            reason=IncompleteReason.INVALID_EVENT,
+            detail=(f"an event keyed to this rollout was dead-lettered ({dead.reason}: {dead.detail}"[:_DETAIL_LIMIT]
+                    + "); its evidence is lost: fix the producer, then re-run the rollout"),
+        ),
+    )
+    try:
+        result = fold(state, marker, position=position)
+    except StateReadError:
+        raise
+    except Exception:  # a corrupt state: the dead letter still says why the record was refused
+        return FoldResult(deadletters=[dead])
+    result.deadletters[:] = [dead]
+    return result
+
+
+def _rollout_of(key: bytes | None, event: RolloutEvent | None) -> str | None:
+    """The valid rollout id a refused record belongs to (its key, else its event's), or None."""
+    try:
+        if key is not None:
+            return validate_rollout_id(key.decode("utf-8"))
+        return validate_rollout_id(event.rollout_id) if event is not None else None
+    except (ContractError, UnicodeDecodeError, AttributeError):
+        return None
+
+
 def fold(
     state: StateReader, event: RolloutEvent, *, body: bytes | None = None, position: Position | None = None
 ) -> FoldResult:
     """Fold one decoded event into the state; see the module docstring for the guarantees.
 
-    ``body`` is the event's Avro body bytes (``event_body_bytes``; computed when
-    omitted); ``position`` its (partition, offset), when it came from Kafka.
+    ``body`` is the event's Avro body bytes, exactly (``decode_event_with_body``; computed when
+    omitted): a call's body is stored and spliced into snapshots as is. ``position`` is the
+    event's (partition, offset), when it came from Kafka.
     """
     txn = Txn(state, event.rollout_id, position)
     payload = hashlib.sha256(body if body is not None else event_body_bytes(encode_event(event))).hexdigest()

@@ -227,10 +227,11 @@ class RecordCodec(Generic[T]):
                 f"{self.schema_name} written with unknown schema fingerprint {fp.hex()}: it was probably "
                 "written by a newer tokentrail; upgrade the reader (pip install -U tokentrail)"
             )
+        body = io.BytesIO(bytes(data[_HEADER_LEN:]))
         try:
             reader = None if writer is self.schema else self.schema
             datum = fastavro.schemaless_reader(
-                io.BytesIO(bytes(data[_HEADER_LEN:])),
+                body,
                 writer,
                 reader,
                 return_record_name=True,
@@ -238,6 +239,17 @@ class RecordCodec(Generic[T]):
             )
         except Exception as exc:  # fastavro raises many types on truncated/corrupt input
             raise CodecError(f"corrupt {self.schema_name} body ({type(exc).__name__}: {exc})") from exc
+        # The body must be consumed exactly: bytes after it would be carried along wherever encoded
+        # bytes are copied as is (the fold stores an event's body bytes and splices them into the
+        # snapshot), producing a record no reader can decode. The position check costs nothing.
+        trailing = len(data) - _HEADER_LEN - body.tell()
+        if trailing:
+            raise CodecError(
+                f"{self.schema_name}{_identity(datum)} has {trailing} byte(s) after its Avro body: a single-object "
+                "encoded record holds exactly one record (C3 01, fingerprint, body) and nothing after it; the "
+                "writer appended data or concatenated records: publish each record alone, as "
+                "schemas.codec's encoders write it"
+            )
         version = datum.get("schema_version")
         if isinstance(version, int) and version > self.supported_version:
             raise SchemaVersionError(
@@ -252,6 +264,16 @@ class RecordCodec(Generic[T]):
             return from_avro(self.cls, datum, self.nested)
         except (TypeError, ValueError) as exc:
             raise CodecError(f"{self.schema_name} violates the contract: {exc}") from exc
+
+
+def _identity(datum: Any) -> str:
+    """`` <field> <value>`` naming a decoded record in an error (its event, snapshot or rollout id), or ``""``."""
+    if isinstance(datum, dict):
+        for name in ("event_id", "snapshot_id", "rollout_id"):
+            value = datum.get(name)
+            if isinstance(value, str):
+                return f" {name} {value[:80]!r}"
+    return ""
 
 
 def _history(schema_name: str) -> list[Any]:
@@ -337,12 +359,26 @@ def read_string(data: bytes | memoryview, pos: int) -> tuple[str, int]:
     return bytes(data[pos : pos + length]).decode(), pos + length
 
 
+def decode_event_with_body(data: bytes) -> tuple[RolloutEvent, bytes]:
+    """The decoded event and its body bytes (``event_body_bytes``), from one strict decode.
+
+    ``decode_event`` refuses a record whose Avro body is not consumed exactly,
+    so the bytes returned are exactly one encoded body (a ``CallCaptured``, ...)
+    of the current writer schema and nothing else: safe to store and to splice
+    as they are (the fold stores a call's body bytes; the snapshot splices them).
+    """
+    return decode_event(data), event_body_bytes(data)
+
+
 def event_body_bytes(data: bytes) -> bytes:
     """The Avro bytes of an encoded event's body (its payload without the envelope).
 
     Two events carrying the same call have equal body bytes whatever their event
     ids, so the fold hashes these to tell a duplicate from a conflicting payload.
     For events from an archived (older) writer schema the body is re-encoded.
+    It reads the envelope only and returns the rest of ``data``: only for bytes
+    ``decode_event`` accepted (``decode_event_with_body`` does both), since bytes
+    after the body, which ``decode_event`` refuses, would be returned with it.
     """
     c = event_codec()
     if bytes(data[2:_HEADER_LEN]) != c.fingerprint:

@@ -1,7 +1,11 @@
 """Identifiers: rollout ids, model call ids, and response ids that name their call.
 
 Rollout ids are caller-chosen and are rejected, never rewritten, when they do not
-match ``ROLLOUT_ID_PATTERN``. Model call ids are minted by the interceptor.
+match ``ROLLOUT_ID_PATTERN``. Model call ids are minted by the interceptor
+(``uuid4().hex``), but NeMo Gym's transport adapters and direct producers bring
+their own (Gym's conformance kit uses ``call-1``, ``call-lost``): the processor
+accepts any id matching ``CALL_ID_RULE`` and refuses (dead-letters) the rest,
+because a call id becomes part of state keys and of the snapshot.
 Response ids returned to a harness embed the model call id, so the response id
 a harness reports as its final answer names the call exactly.
 
@@ -21,24 +25,52 @@ from schemas.errors import ContractError
 
 ROLLOUT_ID_RULE = "^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 ROLLOUT_ID_PATTERN = re.compile(ROLLOUT_ID_RULE)
+# A model call id: the rollout-id alphabet and bound (letters, digits, '.', '_', '-'; at most 200).
+# It holds every id our producers mint (32 lowercase hex) and Gym's (uuid4().hex; the conformance
+# kit's "call-1"), and keeps out what state keys (processors.state: NUL-separated) and logs cannot
+# hold: the empty id, NUL and other control characters, '/', whitespace, unbounded lengths.
+CALL_ID_RULE = "^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+CALL_ID_PATTERN = re.compile(CALL_ID_RULE)
 # A dialect's response-id prefix: what the dialect's SDKs expect ids to start with.
 RESPONSE_ID_PREFIX_RULE = "^[A-Za-z][A-Za-z0-9_-]*[-_]$"
 _RESPONSE_ID_PREFIX_PATTERN = re.compile(RESPONSE_ID_PREFIX_RULE)
 # One marker for every dialect (chatcmpl-tt<id>, msg_tt<id>, resp_tt<id>): it tells an id we
 # minted from the engine's or a harness's own ids.
 RESPONSE_ID_MARKER = "tt"
-_RESPONSE_ID_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_-]*?[-_]tt([0-9a-f]{32})")
+# ``<prefix>tt<32 hex>`` anywhere in a string. The match is tried from the first letter of each run
+# of id characters only (the lookbehind): a later letter of the same run can only reach matches that
+# the first one reaches, and trying every letter made the search quadratic in the length of a
+# harness-supplied final_response_id (a 1 MB one stalled the rebuild for hours). Same matches, linear.
+_RESPONSE_ID_PATTERN = re.compile(r"(?<![A-Za-z0-9_-])[0-9_-]*[A-Za-z][A-Za-z0-9_-]*?[-_]tt([0-9a-f]{32})")
 
 
 def validate_rollout_id(rollout_id: object) -> str:
     """Return the id unchanged, or raise ContractError naming the rule."""
     if not isinstance(rollout_id, str) or not ROLLOUT_ID_PATTERN.fullmatch(rollout_id):
         raise ContractError(
-            f"invalid rollout id {rollout_id!r}: a rollout id must match {ROLLOUT_ID_RULE} "
+            f"invalid rollout id {_shown(rollout_id)}: a rollout id must match {ROLLOUT_ID_RULE} "
             "(start with a letter or digit; then letters, digits, '.', '_' or '-'; at most 200 characters). "
             "It is rejected, not rewritten: choose an id such as 'step12.task7-r3'."
         )
     return rollout_id
+
+
+def validate_model_call_id(call_id: object, *, field: str = "model_call_id") -> str:
+    """Return the id unchanged, or raise ContractError naming ``field``, the value and the rule."""
+    if not isinstance(call_id, str) or not CALL_ID_PATTERN.fullmatch(call_id):
+        raise ContractError(
+            f"invalid {field} {_shown(call_id)}: a model call id must match {CALL_ID_RULE} (start with a "
+            "letter or digit; then letters, digits, '.', '_' or '-'; at most 200 characters). It is refused, "
+            "not rewritten: mint ids with schemas.ids.new_model_call_id() (uuid4().hex)"
+        )
+    return call_id
+
+
+def _shown(value: object) -> str:
+    """The value for an error message: its repr, cut to a prefix and the length when it is long."""
+    if isinstance(value, str) and len(value) > 80:
+        return f"{value[:80]!r}... ({len(value)} characters)"
+    return repr(value)
 
 
 def new_model_call_id() -> str:

@@ -48,8 +48,7 @@ class IncompleteReason(StrEnum):
 
     Each member says who emits it. The wire field ``CallIncomplete.reason`` stays a plain
     string, so a reader accepts a reason it does not know (one from a newer writer, or a
-    retired one such as ``client_disconnected``, which nothing emitted and is no longer
-    listed); values are wire strings and never change.
+    retired one); values are wire strings and never change.
     """
 
     # --- producers (the capture interceptor) ---
@@ -72,6 +71,12 @@ class IncompleteReason(StrEnum):
     # The engine answered, but its answer cannot be expressed in the harness's dialect
     # (e.g. tool arguments that are not a JSON object for Anthropic); the harness got a 502.
     UNTRANSLATABLE_OUTPUT = "untranslatable_output"
+    # The engine did not answer within engine_timeout_s, or its stream was silent for
+    # stream_idle_timeout_s (producers.engine_call); detail names which and how long.
+    ENGINE_TIMEOUT = "engine_timeout"
+    # The harness went away before its stream's terminal event (producers.stream_pump): the
+    # engine stream was closed and the generation is not captured; detail says what it got.
+    CLIENT_DISCONNECTED = "client_disconnected"
 
     # --- processors (fold and snapshot assembly): markers a snapshot carries, never on rollout-events ---
     # Two CallCaptured records with one model_call_id and different payloads (processors.fold).
@@ -80,6 +85,9 @@ class IncompleteReason(StrEnum):
     INTENT_WITHOUT_CAPTURE = "intent_without_capture"
     # The assembled snapshot exceeds the snapshots topic's message size; its calls are left out.
     SNAPSHOT_TOO_LARGE = "snapshot_too_large"
+    # An event keyed to this rollout was dead-lettered (undecodable or invalid; detail says why):
+    # its evidence (a call, a marker, a finish) is lost, so the rollout cannot be trusted (processors.fold).
+    INVALID_EVENT = "invalid_event"
 
     # --- consumers (the NeMo Gym adapters) ---
     # A call the gym harness marked incomplete itself (consumers.gym.adapters mark_incomplete).

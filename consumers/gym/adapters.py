@@ -42,7 +42,7 @@ from schemas.codec import encode_event
 from schemas.errors import ContractError
 from schemas.hashing import FINGERPRINT_VERSION, assistant_fingerprint, compute_digest
 from schemas.lineage_rules import published_candidates, select_parent
-from schemas.ids import new_event_id, validate_rollout_id
+from schemas.ids import new_event_id, validate_model_call_id, validate_rollout_id
 from schemas.kafka.bridge import AckedProducer
 from schemas.kafka.config import producer_config
 from schemas.records import (
@@ -158,6 +158,10 @@ class _Client:
 
     async def publish(self, rollout_id: str, body: Any) -> str:
         validate_rollout_id(rollout_id)
+        call_id = getattr(body, "model_call_id", None)
+        if call_id is not None:
+            # The processor would dead-letter it; the Gym caller hears it here, before anything is published.
+            validate_model_call_id(call_id, field=f"{type(body).__name__}.model_call_id")
         if self._producer is None:
             self._producer = AckedProducer(producer_config(self.bootstrap))
         event = RolloutEvent(event_id=new_event_id(), rollout_id=rollout_id, emitted_at=time.time_ns() // 1000,

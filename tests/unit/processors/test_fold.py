@@ -115,7 +115,8 @@ def test_incomplete_counts_after_freeze_and_dedupes_by_event_id():
 
 def test_undecodable_and_mis_keyed_records_become_dead_letters():
     res = fold_raw({}, b"r", b"garbage")
-    assert res.deadletters[0].reason == "CodecError" and not res.changed
+    # Fail closed: the rollout it is keyed to gets an invalid_event marker (tests/unit/processors/test_refused_events.py).
+    assert res.deadletters[0].reason == "CodecError" and set(res.writes) == {b"i\x00r\x00\x00\x00\x00\x00", b"h\x00r"}
     c1, _, _ = three_turns()
     res = fold_raw({}, b"other-rollout", encode_event(event(R, c1)))
     assert "differs from rollout_id" in res.deadletters[0].detail

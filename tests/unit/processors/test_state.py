@@ -8,19 +8,29 @@ from importlib import resources
 
 import fastavro
 import pytest
+from fastavro.schema import to_parsing_canonical_form
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from processors.state import (
+    FingerprintEntry,
+    FingerprintIndex,
+    RolloutHeader,
     StoredCall,
+    StoredIncomplete,
     avro_long,
     call_codec,
     encode_call_body,
     encode_stored_call,
+    header_codec,
+    incomplete_codec,
+    index_codec,
     read_long,
     read_stored_call_head,
 )
-from schemas.codec import MAGIC, _fingerprint_of, to_avro
+from schemas.codec import MAGIC, _fingerprint_of, event_codec, snapshot_codec, to_avro
+from schemas.errors import CodecError
+from schemas.records import CallIncomplete
 from tests.factories import make_call
 
 
@@ -72,3 +82,38 @@ def test_a_stored_call_from_an_older_writer_schema_still_reads(old_schema):
     assert (head.seq, head.late, head.cum_len, head.digest, head.continuation_fingerprint) == (
         3, True, call.cum_len, call.digest, "fp-old")
     assert call_codec().decode(data).call == call
+
+
+def test_every_state_record_refuses_bytes_after_its_body():
+    # Item 5 (issue 15): the state is plain Avro, so its decoders refuse trailing bytes like the contract's.
+    call = make_call([1, 2], [3])
+    cases = [
+        (header_codec(), RolloutHeader(rollout_id="r-state", version=2)),
+        (call_codec(), StoredCall(seq=0, payload_digest="d" * 64, call=call, cum_len=call.cum_len, digest=call.digest)),
+        (index_codec(), FingerprintIndex(entries=[FingerprintEntry(call_id="c" * 32, cum_len=3, digest="x")])),
+        (incomplete_codec(), StoredIncomplete(event_id="ev-s", marker=CallIncomplete(reason="upstream_error"))),
+    ]
+    for codec, record in cases:
+        data = codec.encode(record)
+        assert codec.decode(data) == record
+        with pytest.raises(CodecError, match=rf"{codec.schema_name}.* has 1 byte\(s\) after its Avro body"):
+            codec.decode(data + b"\x00")
+
+
+def _call_branch(schema, *path: str):
+    for name in path:
+        schema = next(f["type"] for f in schema["fields"] if f["name"] == name)
+        if isinstance(schema, dict) and schema.get("type") == "array":
+            schema = schema["items"]
+    return schema
+
+
+def test_the_call_body_bytes_the_fold_stores_and_the_snapshot_splices_have_one_schema():
+    # The fold stores an event's CallCaptured body bytes as they are and the snapshot splices them:
+    # that is only decodable while the event, StoredCall and Snapshot embed the very same schema.
+    event_branch = next(b for b in _call_branch(event_codec().schema, "body")
+                        if isinstance(b, dict) and b.get("name") == "tokentrail.CallCaptured")
+    stored = _call_branch(call_codec().schema, "call")
+    spliced = _call_branch(_call_branch(snapshot_codec().schema, "calls"), "call")
+    forms = {to_parsing_canonical_form(schema) for schema in (event_branch, stored, spliced)}
+    assert len(forms) == 1, forms

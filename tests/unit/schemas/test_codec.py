@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 from importlib import resources
 
+import fastavro
 import pytest
 from fastavro.schema import load_schema
 
@@ -178,3 +180,72 @@ def test_event_body_bytes_ignore_the_envelope():
     other = make_call([1, 2, 3], [5])
     assert codec.event_body_bytes(codec.encode_event(event("rollout-a", other))) != codec.event_body_bytes(a)
     assert a.endswith(codec.event_body_bytes(a))
+
+
+# Item 5 (issue 15): an event with bytes after its Avro body was accepted, and the fold stored its
+# body with those bytes into the snapshot, which no reader could decode. Every decoder refuses them.
+TRAILING = [b"\x00", b"\x00\x01\x02", b"\xc3\x01" + b"\x00" * 40]
+
+
+def _sample_snapshot_and_rebuilt() -> tuple[Snapshot, RebuiltRollout]:
+    snap = Snapshot(rollout_id="r", snapshot_id="snap-t", version=1, frozen_at=5,
+                    calls=[SnapshotCall(seq=0, call=make_call([1, 2], [3]))], incomplete=False,
+                    incomplete_markers=[], finished=finished())
+    rebuilt = RebuiltRollout(
+        rollout_id="r", snapshot_id="snap-t", version=1, mask_sample=True, mask_reasons=[], trajectory=None,
+        metrics=CaptureMetrics(
+            n_calls=0, roots=0, chains=0, delivered_fraction=0.0, quarantined_calls=0, quarantined_fraction=0.0,
+            empty_generation_calls=0, unresolved_parent_calls=0, parent_link_failures={},
+            generated_tokens_captured=0, generated_tokens_delivered=0, capture_incomplete=False,
+            terminal_attribution=TerminalAttribution(),
+        ),
+    )
+    return snap, rebuilt
+
+
+@pytest.mark.parametrize("extra", TRAILING, ids=len)
+def test_bytes_after_an_events_body_are_refused_naming_the_event_the_count_and_the_fix(extra):
+    for body in (make_call([1, 2, 3], [4, 5]), incomplete("abc"), finished({"reward": 1}), retire("s", 7)):
+        data = codec.encode_event(event("r-1", body, event_id="ev-trailing"))
+        with pytest.raises(CodecError, match=rf"RolloutEvent event_id 'ev-trailing' has {len(extra)} byte\(s\) "
+                                             r"after its Avro body.*publish each record alone"):
+            codec.decode_event(data + extra)
+        with pytest.raises(CodecError, match="after its Avro body"):
+            codec.decode_event_with_body(data + extra)
+    # Two records concatenated: the second one is trailing bytes of the first.
+    one = codec.encode_event(event("r-1", retire("s", 7)))
+    with pytest.raises(CodecError, match=f"has {len(one)} byte"):
+        codec.decode_event(one + one)
+
+
+@pytest.mark.parametrize("extra", TRAILING, ids=len)
+def test_bytes_after_a_snapshot_or_rebuilt_body_are_refused(extra):
+    snap, rebuilt = _sample_snapshot_and_rebuilt()
+    with pytest.raises(CodecError, match=rf"Snapshot snapshot_id 'snap-t' has {len(extra)} byte\(s\) after"):
+        codec.decode_snapshot(codec.encode_snapshot(snap) + extra)
+    with pytest.raises(CodecError, match=rf"RebuiltRollout snapshot_id 'snap-t' has {len(extra)} byte\(s\) after"):
+        codec.decode_rebuilt(codec.encode_rebuilt(rebuilt) + extra)
+    assert codec.decode_snapshot(codec.encode_snapshot(snap)) == snap  # exact bodies still decode
+
+
+def test_bytes_after_an_event_from_an_older_writer_are_refused_too():
+    history = resources.files("schemas") / "avro" / "history"
+    current = codec.event_codec().fingerprint.hex()
+    older = [json.loads(f.read_text()) for f in history.iterdir()
+             if f.name.startswith("RolloutEvent.") and current not in f.name]
+    assert older
+    for writer in older:
+        parsed = fastavro.parse_schema(writer)
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, codec.to_avro(event("r-old", retire("s", 1), event_id="ev-old")))
+        data = codec.MAGIC + codec._fingerprint_of(parsed) + buf.getvalue()
+        assert codec.decode_event(data).event_id == "ev-old"
+        with pytest.raises(CodecError, match="'ev-old' has 2 byte"):
+            codec.decode_event(data + b"\x00\x00")
+
+
+def test_decode_event_with_body_returns_the_event_and_exactly_its_body():
+    ev = event("r-1", make_call([1, 2, 3], [4]))
+    data = codec.encode_event(ev)
+    back, body = codec.decode_event_with_body(data)
+    assert back == ev and body == codec.event_body_bytes(data) and data.endswith(body)

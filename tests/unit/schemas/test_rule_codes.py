@@ -108,6 +108,11 @@ def test_codes_are_snake_case_wire_strings(enum):
         assert member.value == member.name.lower(), f"{enum.__name__}.{member.name} = {member.value!r}"
 
 
-def test_never_emitted_reason_is_gone():
-    # Readers accept unknown reasons (the wire field is a string): dropping the member breaks no reader.
-    assert "client_disconnected" not in {m.value for m in IncompleteReason}
+def test_client_disconnected_is_listed_because_the_interceptor_emits_it():
+    # Retired once as never emitted; producers.stream_pump records it for a harness that left mid-stream.
+    import inspect
+
+    from producers import stream_pump
+
+    assert IncompleteReason.CLIENT_DISCONNECTED == "client_disconnected"
+    assert "IncompleteReason.CLIENT_DISCONNECTED" in inspect.getsource(stream_pump)

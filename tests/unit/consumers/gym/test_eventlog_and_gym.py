@@ -51,3 +51,16 @@ def test_delta_entries_need_their_parent_digest_and_lengths():
 def test_old_or_incoherent_gym_entries_are_refused(change, message):
     with pytest.raises(ContractError, match=message):
         entry_to_call({**gym_entry("rollout-g", "call-1", [1], [2]), **change})
+
+
+@pytest.mark.parametrize("bad", ["", "call/3", "a b", "x" * 201])
+async def test_a_call_id_the_processor_would_dead_letter_is_refused_before_anything_is_published(bad):
+    from consumers.gym.adapters import TokenSink
+
+    sink = TokenSink("127.0.0.1:1")  # never reached: the id is refused before a producer exists
+    with pytest.raises(ContractError, match="model_call_id"):
+        await sink.put(gym_entry("rollout-g", bad, [11, 12], [13, 14]))
+    with pytest.raises(ContractError, match="CallStarted.model_call_id"):
+        await sink.begin_call("rollout-g", bad)
+    assert sink._client._producer is None
+    await sink.close()
