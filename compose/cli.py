@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "policy": ("compose.policy.cli", "run the vLLM-compatible reference policy server"),
     "intercept": ("producers.cli", "run the capture interceptor in front of a model server"),
     "finish": ("producers.finish_cli", "publish RolloutFinished for a rollout"),
+    "token": ("producers.token_cli", "print a rollout's token, the API key its harness presents"),
     "process": ("processors.cli", "run the Faust fold processor"),
     "consume": ("consumers.cli", "rebuild finished rollouts and deliver them to a sink"),
     "replay": ("compose.replay_cli", "explain why rollouts were masked, from the event log"),

@@ -59,6 +59,7 @@ class LocalStack:
     with_pipeline: bool = True  # False: only the policy server and the interceptor (benchmarks)
     upstream_url: str | None = None  # a running engine (real vLLM) instead of a spawned `tokentrail policy`
     interceptor_in_engine: bool = False  # the engine runs the interceptor as middleware: spawn none
+    rollout_secret: str | None = None  # TOKENTRAIL_ROLLOUT_SECRET of the interceptor: harnesses need rollout tokens
     services: dict[str, Service] = field(default_factory=dict)
 
     @property
@@ -82,7 +83,9 @@ class LocalStack:
                 port = _free_port()
                 interceptor = self._spawn("interceptor", "intercept", "--upstream", self.policy_url, "--bootstrap",
                                           self.bootstrap, "--port", str(port), *prefix, *self.intercept_args,
-                                          env={"TOKENTRAIL_CONTROL_TOKEN": self.control_token})
+                                          env={"TOKENTRAIL_CONTROL_TOKEN": self.control_token,
+                                               **({"TOKENTRAIL_ROLLOUT_SECRET": self.rollout_secret}
+                                                  if self.rollout_secret else {})})
                 interceptor.url = f"http://127.0.0.1:{port}"
                 self._wait_http(interceptor, "/healthz")
             if not self.with_pipeline:
@@ -141,6 +144,14 @@ class LocalStack:
     def capture_base_url(self, rollout_id: str) -> str:
         """What a harness gets as its OpenAI base URL for one rollout."""
         return f"{self.interceptor_url}/ng-rollout/{rollout_id}/training-token-capture/v1"
+
+    def api_key(self, rollout_id: str) -> str:
+        """What a harness of ``rollout_id`` sends as its API key: its rollout token when the stack has a secret."""
+        if self.rollout_secret is None:
+            return "not-needed"
+        from schemas.rollout_tokens import rollout_token
+
+        return rollout_token(self.rollout_secret, rollout_id)
 
     def finish(self, rollout_id: str, result: Any, *, final_response_id: str | None = None,
                final_text: str | None = None) -> None:

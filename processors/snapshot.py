@@ -2,12 +2,21 @@
 
 A snapshot is the frozen rollout: every call in seq order with its verified
 lineage, the incomplete markers (stored ones, then one per CallStarted intent
-whose call was never captured) and the finish payload. Building it is the one
+whose call was neither captured nor marked incomplete: a stored marker of that
+call already says why it is lost) and the finish payload. Building it is the one
 O(rollout) step of the fold, so it never decodes a token array: each
 ``SnapshotCall`` is its small prefix followed by the stored call body bytes,
 spliced into the encoding of the snapshot's other fields. The result is exactly
 ``encode_snapshot(Snapshot(...))`` (a property test pins the byte equality), so
 the same state gives the same bytes live and in replay.
+
+Decodable by construction: a stored call body is either the exact body bytes
+of an event that ``decode_event_with_body`` accepted (the codec refuses bytes
+after an Avro body, so they are one ``CallCaptured`` body and nothing more) or
+a re-encoding (``encode_call_body``), and the Snapshot schema embeds the same
+named ``tokentrail.CallCaptured`` as the event (a test pins the schemas). Issue
+15: an event with bytes after its body was once stored with them, and they
+landed inside the snapshot's calls array, which no reader could decode.
 
 Guarantee: the bytes returned are at most ``MAX_SNAPSHOT_BYTES``, which fits the
 snapshots topic's ``max.message.bytes`` with room for the record framing. A
@@ -87,7 +96,8 @@ def build_snapshot(state: _Reader, header: RolloutHeader, *, limit: int = MAX_SN
         if raw is None:
             raise StateGone(f"state of rollout {rid!r} has no marker {seq} (corrupt state)")
         markers.append(incomplete_codec().decode(raw).marker)
-    markers.extend(_dangling_intents(state, header))
+    settled = {m.model_call_id for m in markers if m.model_call_id}
+    markers.extend(_dangling_intents(state, header, settled))
     shell = _shell(header, markers)
     data = _splice_calls(shell, header, header.n_calls, items)
     if len(data) > limit:
@@ -95,19 +105,22 @@ def build_snapshot(state: _Reader, header: RolloutHeader, *, limit: int = MAX_SN
     return EmittedSnapshot(rid, header.snapshot_id, header.version, data)
 
 
-def _dangling_intents(state: _Reader, header: RolloutHeader) -> list[CallIncomplete]:
-    """A marker per CallStarted intent whose call has no capture in this state (derived, never stored)."""
+def _dangling_intents(state: _Reader, header: RolloutHeader, settled: set[str]) -> list[CallIncomplete]:
+    """A marker per CallStarted intent whose call has no capture and no marker in ``settled`` (derived, never stored)."""
     rid, out = header.rollout_id, []
     for seq in range(header.n_started):
         call_id = state.get(intent_key(rid, seq))
         if call_id is None:
             raise StateGone(f"state of rollout {rid!r} has no intent {seq} (corrupt state)")
+        if call_id.decode() in settled:
+            continue
         raw = state.get(call_key(rid, call_id.decode()))
         if raw is None or read_stored_call_head(raw).seq >= header.n_calls:
             out.append(CallIncomplete(
                 model_call_id=call_id.decode(), reason=INTENT_WITHOUT_CAPTURE,
-                detail="a CallStarted intent (begin_call) was published for this call, but no CallCaptured "
-                       "reached the rollout before it was frozen: the call's tokens may be lost",
+                detail="a CallStarted intent (the interceptor's before dispatch, or Gym's begin_call) was "
+                       "published for this call, but neither its CallCaptured nor a CallIncomplete reached the "
+                       "rollout before it was frozen: the call was still in flight, or its tokens were lost",
             ))
     return out
 

@@ -1,10 +1,17 @@
 """The capture interceptor: a pure ASGI app in front of an OpenAI-compatible model server.
 
-``Interceptor`` is ASGI, lifespan and dispatch only. Routes (``producers.routing``):
-capture under ``/ng-rollout/<id>/training-token-capture/`` (each dialect of
-``producers.dialects.registry``, streaming or not: ``producers.generation``),
-evaluation correlation under ``/ng-rollout/<id>/``, bare API paths forwarded,
-control routes behind a bearer token (``producers.control``), ``/metrics``, ``/healthz``.
+``Interceptor`` is ASGI, lifespan and dispatch only. Prefixes (``producers.routing``):
+the capture prefix ``/ng-rollout/<id>/training-token-capture/``, the evaluation prefix
+``/ng-rollout/<id>/``, bare paths; control routes behind a bearer token
+(``producers.control``), ``/metrics``, ``/healthz``. What each (method, API path) gets
+(capture: ``producers.generation``; correlate and forward: ``producers.http.forward``;
+refuse: a 404/405 naming the route) is the route table's, ``producers.route_policy``.
+
+Before any handler runs (``producers.admission``), in this order: an invalid rollout id
+or unsendable path is a 400; with ``rollout_secret`` a request under ``/ng-rollout/<id>/``
+without that rollout's token is a 401; a refused route a 404/405; a body over
+``max_body_bytes`` a 413. Each names what to fix, records nothing and forwards nothing
+(counted in ``tokentrail_requests_refused``).
 
 Guarantee (ARCHITECTURE §6.1): a successful model response under the capture
 prefix (or its terminal stream event) is sent only after its CallCaptured or
@@ -32,6 +39,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from producers import http
+from producers.admission import BodyTooLarge, ClientGone, declared_too_large, read_body, replay, rollout_refusal
 from producers.capture import CaptureCore
 from producers.control import handle_control
 from producers.dialects.base import DialectAdapter
@@ -41,7 +49,8 @@ from producers.events import default_source
 from producers.generation import handle_generation
 from producers.metrics import InterceptorMetrics
 from producers.publisher import KafkaPublisher, producer_config
-from producers.routing import Kind, is_control, is_non_generating, parse_route, scope_paths
+from producers.route_policy import Policy, decide
+from producers.routing import is_control, parse_route, scope_paths
 from producers.services import CaptureServices, engine_client, open_services, probe_prefix_supply_of
 from producers.settings import InterceptorSettings
 from schemas.errors import ContractError, TokentrailError
@@ -166,23 +175,60 @@ class Interceptor:
         if svc is None:
             return self.error_for(path, 503, _STARTING, "capture_unavailable")
         if is_control(path):
-            return await handle_control(svc, request, path, raw_path)
+            admitted = await self._admit_body(request, path)
+            return admitted if isinstance(admitted, Response) else await handle_control(svc, admitted, path, raw_path)
         try:
             route = parse_route(path, raw_path)
         except ContractError as exc:
             return self.error_for(path, 400, str(exc), "invalid_rollout_id")
-        if route.kind is not Kind.CAPTURE or route.rollout_id is None:
-            return await self.forward(svc, request, route.api_path)
+        problem = http.path_problem(route.api_path)
+        if problem is not None:
+            return self.error_for(path, 400, problem, "invalid_request_error")
+        if route.rollout_id is not None:
+            refusal = rollout_refusal(self._rollout_secret(), route.rollout_id, request.headers)
+            if refusal is not None:
+                return self._refuse(path, 401, refusal, "authentication_error", "rollout_token")
+        decision = decide(route.kind, request.method, route.api_path, self.dialects,
+                          forward_unknown=self.settings.forward_unknown_routes)
+        if decision.policy is Policy.REFUSE:
+            kind = "not_found_error" if decision.status == 404 else "method_not_allowed"
+            return self._refuse(path, decision.status, decision.message, kind, "route")
+        admitted = await self._admit_body(request, path)
+        if isinstance(admitted, Response):
+            return admitted
+        if decision.policy is not Policy.CAPTURE or route.rollout_id is None:
+            return await self.forward(svc, admitted, route.api_path)
         spec = self.dialects.for_path(route.api_path)
-        if spec is not None and request.method == "POST":
-            adapter = self.adapters.get(spec.name)
-            if adapter is None:
-                return await self._uncapturable(svc, request, route.rollout_id, route.api_path,
-                                                f"the {spec.name} dialect")
-            return await handle_generation(svc, request, route.rollout_id, route.api_path, adapter)
-        if is_non_generating(route.api_path):
-            return await self.forward(svc, request, route.api_path)
-        return await self._forward_unknown(svc, request, route.rollout_id, route.api_path)
+        assert spec is not None  # the table captures only a dialect's route
+        adapter = self.adapters.get(spec.name)
+        if adapter is None:
+            return await self._uncapturable(svc, admitted, route.rollout_id, route.api_path, f"the {spec.name} dialect")
+        return await handle_generation(svc, admitted, route.rollout_id, route.api_path, adapter)
+
+    # -- admission (producers.admission) ----------------------------------------
+    def _rollout_secret(self) -> bytes | None:
+        secret = self.settings.rollout_secret
+        return None if secret is None else secret.get_secret_value().encode()
+
+    def _refuse(self, path: str, status: int, message: str, kind: str, why: str) -> Response:
+        """A request refused before any handler: nothing recorded, nothing forwarded; counted by ``why``."""
+        self.metrics.refused.labels(why=why).inc()
+        log.info("refused %s (%s): %s", path, why, message)
+        return self.error_for(path, status, message, kind)
+
+    async def _admit_body(self, request: Request, path: str) -> Request | Response:
+        """The request with its body read within ``max_body_bytes`` (replayed to the handler), or the 413."""
+        limit = self.settings.max_body_bytes
+        declared = declared_too_large(request.headers, limit)
+        if declared is not None:
+            return self._refuse(path, 413, declared, "request_too_large", "body_size")
+        try:
+            body = await read_body(request.receive, limit)
+        except BodyTooLarge as exc:
+            return self._refuse(path, 413, str(exc), "request_too_large", "body_size")
+        except ClientGone as exc:  # nobody is left to answer; nothing was recorded or forwarded
+            return self.error_for(path, 400, str(exc), "invalid_request_error")
+        return Request(request.scope, replay(body, request.receive))
 
     # -- forwarding -----------------------------------------------------------
     def _shape(self, path: str) -> http.ErrorShape:
@@ -207,16 +253,3 @@ class Interceptor:
                                          f"{what} is not captured by this interceptor"):
             return http.durability_error()
         return await self.forward(svc, request, api_path)
-
-    async def _forward_unknown(self, svc: CaptureServices, request: Request, rollout_id: str,
-                               api_path: str) -> Response:
-        response = await self.forward(svc, request, api_path)
-        if 200 <= response.status_code < 300:
-            # An unknown route that succeeded may have generated tokens we did not see.
-            if not await svc.core.incomplete(rollout_id, None, IncompleteReason.UNKNOWN_ROUTE, api_path,
-                                             response.status_code,
-                                             f"{request.method} {api_path} answered under the capture prefix"):
-                if response.background is not None:
-                    await response.background()
-                return http.durability_error()
-        return response

@@ -6,7 +6,8 @@ framework; ``producers.generation`` is the HTTP side of a call.
 
 Per call: ``begin`` hashes the request and resolves its parent once, before
 dispatch, and fits the request to the engine (the sampling pin, a model name
-the engine serves, an output budget within its ``max_model_len``);
+the engine serves, an output budget within its ``max_model_len``); ``announce``
+makes the call's CallStarted intent durable before anything is dispatched;
 ``upstream_body`` is what the engine gets (plus the fields capture needs and,
 opt-in, the exact prompt ids as ``kv_transfer_params.prompt_token_ids``);
 ``complete`` turns the engine's answer into durable evidence.
@@ -53,7 +54,7 @@ from producers.settings import InterceptorSettings
 from schemas.codec import encode_event
 from schemas.errors import DurabilityError
 from schemas.hashing import compute_digest, conversation_prefix_digests
-from schemas.records import CallCaptured, IncompleteReason, ParentResolution, RolloutEvent
+from schemas.records import CallCaptured, CallStarted, IncompleteReason, ParentResolution, RolloutEvent
 from schemas.topics import key_for
 
 __all__ = ["UNNAMED_WEIGHT_VERSION", "Call", "CaptureCore", "Outcome"]
@@ -131,6 +132,17 @@ class CaptureCore:
         call.prefix_requested = bool(self.settings.prefix_supply and parent is not None
                                      and parent.cum_tokens is not None)
         return call
+
+    async def announce(self, call: Call) -> bool:
+        """Make the call's CallStarted intent durable (as a capture is); False: it was not, dispatch nothing."""
+        ctx = call.ctx
+        try:
+            await self.write(ctx.rollout_id, CallStarted(model_call_id=ctx.model_call_id, route=ctx.route,
+                                                         created_at=ctx.created_at))
+        except DurabilityError as exc:
+            log.error("intent of call %s (rollout %s) not durable: %s", ctx.model_call_id, ctx.rollout_id, exc)
+            return False
+        return True
 
     def upstream_body(self, call: Call) -> dict[str, Any]:
         out = dict(call.body)

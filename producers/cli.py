@@ -1,7 +1,8 @@
 """``tokentrail intercept``: run the capture interceptor in front of a model server.
 
-Secrets come from the environment, never from flags: ``TOKENTRAIL_CONTROL_TOKEN`` (control
-routes) and ``TOKENTRAIL_UPSTREAM_API_KEY`` (sent to the engine as Bearer, e.g. vLLM --api-key).
+Secrets come from the environment (or a file), never from flags: ``TOKENTRAIL_CONTROL_TOKEN``
+(control routes), ``TOKENTRAIL_UPSTREAM_API_KEY`` (sent to the engine as Bearer, e.g. vLLM
+--api-key) and ``TOKENTRAIL_ROLLOUT_SECRET`` or ``--rollout-secret-file`` (rollout tokens).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import gc
 import json
 import os
 import sys
+from collections.abc import Mapping
 
 from pydantic import ValidationError
 
@@ -33,10 +35,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "raw_logprobs (default) or processed_logprobs; recorded on every call")
     parser.add_argument("--publish-timeout-ms", type=int, default=5000,
                         help="wait this long for Kafka's ack before spooling (or failing without a spool)")
+    parser.add_argument("--engine-timeout-s", type=float, default=1800.0,
+                        help="longest an engine call may take, streaming or not (default 1800); then the harness "
+                             "gets a 504 or an error event and the call records CallIncomplete(engine_timeout)")
+    parser.add_argument("--stream-idle-timeout-s", type=float, default=300.0,
+                        help="longest silence of an engine stream, before its first chunk and between two "
+                             "(default 300: a long prefill on a busy engine)")
     parser.add_argument("--no-delta-records", action="store_true", help="always store full prompts")
     parser.add_argument("--sampling", default="{}", help='sampling pin, JSON, e.g. \'{"temperature": 1.0}\'')
+    parser.add_argument("--rollout-secret-file",
+                        help="file holding the rollout secret (else env TOKENTRAIL_ROLLOUT_SECRET): with one, each "
+                             "request under /ng-rollout/<id>/ needs that rollout's token as its API key "
+                             "(`tokentrail token <id>`)")
+    parser.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024,
+                        help="largest request body accepted; larger is a 413 (default 16 MiB)")
+    parser.add_argument("--forward-unknown-routes", action="store_true",
+                        help="forward routes the route table does not list, on bare paths only (a trusted engine)")
     parser.add_argument("--log-level", default="warning")
     parser.add_argument("--log-format", choices=["json", "text"], default="json")
+
+
+def rollout_secret_from(env: Mapping[str, str], path: str | None) -> str | None:
+    """The rollout secret: the file's content (one trailing newline dropped), else TOKENTRAIL_ROLLOUT_SECRET."""
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read().removesuffix("\n").removesuffix("\r") or None
+        except OSError as exc:
+            raise ValueError(f"--rollout-secret-file {path!r} cannot be read: {exc.strerror}") from None
+    return env.get("TOKENTRAIL_ROLLOUT_SECRET") or None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -59,6 +86,11 @@ def main(args: argparse.Namespace) -> int:
             prefix_supply=args.prefix_supply,
             delta_records=not args.no_delta_records,
             publish_timeout_ms=args.publish_timeout_ms,
+            engine_timeout_s=args.engine_timeout_s,
+            stream_idle_timeout_s=args.stream_idle_timeout_s,
+            rollout_secret=rollout_secret_from(os.environ, args.rollout_secret_file),
+            max_body_bytes=args.max_body_bytes,
+            forward_unknown_routes=args.forward_unknown_routes,
         )
     except (ValidationError, ValueError) as exc:
         print(f"tokentrail intercept: invalid settings:\n{exc}", file=sys.stderr)

@@ -21,9 +21,13 @@ from typing import Any
 
 from schemas.errors import ContractError
 
-# Fields the interceptor adds upstream and must never hand to the harness.
+# vLLM-only fields the interceptor asks for upstream (return_token_ids, return_weight_versions,
+# kv_transfer_params) and must never hand to the harness, whether or not the harness asked for
+# them: token ids, routing, and the weight version (another rollout's policy state) are ours.
+# Streaming and not, every dialect strips these (the chat dialect directly, the others build
+# their own answers).
 TOP_LEVEL_TOKEN_FIELDS = ("prompt_token_ids", "prompt_logprobs", "kv_transfer_params")
-CHOICE_TOKEN_FIELDS = ("token_ids", "routed_experts")
+CHOICE_TOKEN_FIELDS = ("token_ids", "routed_experts", "weight_versions")
 VLLM_LOGPROB_FLOOR = -9999.0  # serving.py: the default logprob of an entry, and the clamp of -inf
 
 

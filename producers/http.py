@@ -1,11 +1,14 @@
 """Stateless HTTP helpers of the interceptor: JSON and error responses, the engine's headers, forwarding.
 
 Guarantees: error bodies have the shape OpenAI-compatible clients expect
-(``{"error": {"message", "type", "code"}}``); a harness header value that is not
-ASCII (HTTP's latin-1 "obs-text") goes upstream as the very bytes the harness
-sent, so it never fails a call; a forwarded answer streams back unchanged (status,
-body, headers but the hop-by-hop ones). Nothing here holds state: every input is
-an argument.
+(``{"error": {"message", "type", "code"}}``). Headers towards the engine come from an
+allow-list (``FORWARDED_REQUEST_HEADERS``), never the harness's credentials, cookies or
+forwarding headers: the engine's only credential is ``upstream_api_key``. An allowed header
+value that is not ASCII (HTTP's latin-1 "obs-text") goes upstream as the very bytes the
+harness sent, so it never fails a call. A forwarded answer streams back unchanged (status,
+body, headers but the hop-by-hop ones), except a redirect: an engine 3xx is a 502 naming
+it, without its ``Location`` (which would give the harness the engine's address). Nothing
+here holds state: every input is an argument.
 """
 
 from __future__ import annotations
@@ -22,12 +25,17 @@ if TYPE_CHECKING:
     from starlette.datastructures import Headers
     from starlette.requests import Request
 
-__all__ = ["DURABILITY_MESSAGE", "ErrorShape", "durability_error", "error_response", "forward", "json_response",
-           "upstream_headers"]
+__all__ = ["DURABILITY_MESSAGE", "FORWARDED_REQUEST_HEADERS", "ErrorShape", "durability_error", "error_response",
+           "forward", "json_response", "path_problem", "upstream_headers"]
 
-# Request headers never forwarded upstream (hop-by-hop, or recomputed by httpx).
-_DROP_REQUEST_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "keep-alive", "upgrade",
-                         "accept-encoding"}
+# The only harness headers the engine gets. What vLLM reads of a request: content-type, x-request-id (its
+# request id with --enable-request-id-headers), traceparent/tracestate (OpenTelemetry); accept and the
+# Anthropic API-version headers describe the API shape asked for; user-agent is harmless and logged.
+# Never: authorization, x-api-key (a harness's real key, or its rollout token), cookie,
+# proxy-authorization, x-forwarded-*/forwarded/x-real-ip (client addresses), hop-by-hop headers, or
+# anything unknown. The engine's credential is upstream_api_key alone.
+FORWARDED_REQUEST_HEADERS = frozenset({"content-type", "accept", "user-agent", "x-request-id", "traceparent",
+                                       "tracestate", "anthropic-version", "anthropic-beta"})
 _DROP_RESPONSE_HEADERS = {"content-length", "connection", "transfer-encoding", "keep-alive", "content-encoding"}
 
 DURABILITY_MESSAGE = ("tokentrail could not make the capture durable (Kafka unavailable and no spool); the call was "
@@ -51,20 +59,26 @@ def durability_error(shape: ErrorShape = error_response) -> Response:
 
 
 def upstream_headers(headers: Headers, api_key: SecretStr | None) -> dict[str, str | bytes]:
-    """The harness's headers for the engine.
+    """The harness's headers for the engine: ``FORWARDED_REQUEST_HEADERS`` only, plus the engine's key.
 
-    With ``api_key`` the harness's credential is not forwarded at all and the key goes as
-    Bearer; without it an Anthropic ``x-api-key`` is also sent as ``Authorization: Bearer``
-    (vLLM's ``--api-key`` reads only that). A value that is not ASCII (httpx encodes str
-    values as ASCII and would fail the call) goes as the very bytes the harness sent.
+    ``api_key`` (``upstream_api_key``, vLLM's ``--api-key``) goes as ``Authorization: Bearer``;
+    whatever credential the harness sent is never forwarded. A value that is not ASCII (httpx
+    encodes str values as ASCII and would fail the call) goes as the very bytes the harness sent.
     """
-    out = {k.lower(): v for k, v in headers.items() if k.lower() not in _DROP_REQUEST_HEADERS}
+    out: dict[str, str] = {k.lower(): v for k, v in headers.items() if k.lower() in FORWARDED_REQUEST_HEADERS}
     if api_key is not None:
-        out.pop("x-api-key", None)
         out["authorization"] = f"Bearer {api_key.get_secret_value()}"
-    elif "x-api-key" in out and "authorization" not in out:
-        out["authorization"] = f"Bearer {out['x-api-key']}"
     return {k: v if v.isascii() else v.encode("latin-1", errors="replace") for k, v in out.items()}
+
+
+def path_problem(api_path: str) -> str | None:
+    """Why ``api_path`` cannot be sent to the engine (``//...``, a control character), or None."""
+    try:
+        httpx.URL(path=api_path)
+    except httpx.InvalidURL as exc:
+        return (f"invalid request path {api_path!r}: {exc}; send a path without empty segments ('//') or control "
+                "characters")
+    return None
 
 
 async def forward(client: httpx.AsyncClient, request: Request, api_path: str, headers: dict[str, str | bytes],
@@ -72,18 +86,25 @@ async def forward(client: httpx.AsyncClient, request: Request, api_path: str, he
     """Stream ``request`` to the engine at ``api_path`` and its answer back, unchanged.
 
     A path httpx cannot send is a 400 naming it, in ``shape``; an engine that cannot be
-    reached is a 502.
+    reached, or that answers with a redirect, is a 502.
     """
     try:
         url = httpx.URL(path=api_path, query=bytes(request.scope.get("query_string") or b""))
         upstream_request = client.build_request(request.method, url, headers=headers, content=request.stream())
     except httpx.InvalidURL as exc:  # e.g. a path starting with "//", or with a control character
-        return shape(400, f"invalid request path {api_path!r}: {exc}; send a path without empty segments ('//') or "
-                          "control characters", "invalid_request_error")
+        return shape(400, path_problem(api_path) or f"invalid request path {api_path!r}: {exc}",
+                     "invalid_request_error")
     try:
         upstream = await client.send(upstream_request, stream=True)
     except Exception as exc:  # an in-process upstream raises anything, not only httpx errors
         return error_response(502, f"model server unreachable: {exc!r}", "upstream_error")
+    if 300 <= upstream.status_code < 400:
+        # Never hand an engine redirect on: its Location names the engine's own address.
+        status = upstream.status_code
+        await upstream.aclose()
+        return shape(502, f"the model server answered {request.method} {api_path} with a redirect (HTTP {status}); "
+                          "tokentrail does not pass redirects on: call the route's exact path (e.g. without a "
+                          "trailing '/')", "upstream_error")
     kept = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_RESPONSE_HEADERS}
     # An in-process transport may hand back an already-read body.
     chunks = iter([upstream.content]) if upstream.is_stream_consumed else upstream.aiter_raw()

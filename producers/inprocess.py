@@ -1,4 +1,10 @@
-"""Call an ASGI app in-process, streaming: how the vLLM middleware reaches the engine it wraps."""
+"""Call an ASGI app in-process, streaming: how the vLLM middleware reaches the engine it wraps.
+
+httpx's timeouts do not reach an in-process app, so the caller bounds each wait itself
+(``producers.engine_call.Deadlines``). A request the caller abandons (a deadline cancelled the wait, or
+it closed the response early) is told so the way a server tells it: ``http.disconnect`` (vLLM then
+aborts the generation); an app that still runs ``_ABANDON_GRACE_S`` later is cancelled.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,8 @@ from starlette.types import ASGIApp
 from schemas.errors import TokentrailError
 
 __all__ = ["InProcessEngineError", "StreamingASGITransport"]
+
+_ABANDON_GRACE_S = 2.0  # how long an abandoned request may take to see its disconnect and stop
 
 
 # Response extensions this transport does not implement are not offered to the engine.
@@ -95,20 +103,36 @@ class StreamingASGITransport(httpx.AsyncBaseTransport):
                         f"the in-process engine returned without answering {request.method} {request.url.path}"))
 
         task = asyncio.get_running_loop().create_task(run())
-        message = await start
+        try:
+            message = await start
+        except BaseException:  # the caller gave up waiting (or the app failed): the app must not run on
+            _abandon(task, disconnected)
+            raise
 
         async def stream() -> AsyncIterator[bytes]:
+            complete = False
             try:
                 while (chunk := await chunks.get()) is not None:
                     if isinstance(chunk, BaseException):
                         raise chunk
                     yield chunk
+                complete = True
             finally:
-                disconnected.set()
-                await task
+                if complete:
+                    disconnected.set()
+                    await task
+                else:
+                    _abandon(task, disconnected)
 
         return httpx.Response(message["status"], headers=message.get("headers", []),
                               stream=_AsyncStream(stream()), request=request)
+
+
+def _abandon(task: asyncio.Task[None], disconnected: asyncio.Event) -> None:
+    """The caller went away: the app gets http.disconnect, and is cancelled if it runs on regardless."""
+    disconnected.set()
+    if not task.done():
+        asyncio.get_running_loop().call_later(_ABANDON_GRACE_S, task.cancel)
 
 
 class _AsyncStream(httpx.AsyncByteStream):

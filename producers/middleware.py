@@ -4,7 +4,12 @@ Same capture core as the standalone proxy; the "upstream" is the wrapped app
 itself, called in-process through a streaming ASGI transport (httpx's own
 ASGITransport buffers whole responses, which would break true streaming).
 Paths under ``/ng-rollout/``, the control routes and ``/tokentrail/metrics`` go
-to the interceptor; everything else goes straight to the wrapped app.
+to the interceptor; everything else goes straight to the wrapped app. Under
+``/ng-rollout/`` the interceptor's route table (``producers.route_policy``) holds
+exactly as in the proxy: vLLM's admin routes (LoRA, sleep/wake, cache resets,
+``collective_rpc``, pause/resume, weight versions) reached through the prefix are
+refused, never handed to vLLM; the rollout token and the body-size limit apply too.
+vLLM's own bare routes are vLLM's to protect (its ``--api-key``), as without tokentrail.
 
 vLLM registers a middleware class with ``app.add_middleware(cls)``, so the app
 this middleware wraps is the *inner middleware chain*, not the FastAPI app: the
@@ -85,7 +90,7 @@ class TokentrailMiddleware:
         self.interceptor = Interceptor(
             settings,
             upstream=httpx.AsyncClient(transport=StreamingASGITransport(app, self._outer_values), base_url=IN_PROCESS,
-                                       timeout=httpx.Timeout(settings.upstream_timeout_s)),
+                                       timeout=httpx.Timeout(settings.engine_timeout_s)),
             **overrides,
         )
 

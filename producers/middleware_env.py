@@ -53,6 +53,10 @@ ENV_SETTINGS: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("TOKENTRAIL_UPSTREAM_MODEL", "upstream_model", str),  # a name vLLM serves (--served-model-name)
     ("TOKENTRAIL_UPSTREAM_API_KEY", "upstream_api_key", str),  # vLLM's --api-key, sent as Bearer
     ("TOKENTRAIL_LOGPROBS_MODE", "logprobs_mode", str),  # as vLLM's --logprobs-mode
+    ("TOKENTRAIL_ROLLOUT_SECRET", "rollout_secret", str),  # rollout tokens required under /ng-rollout/
+    ("TOKENTRAIL_MAX_BODY_BYTES", "max_body_bytes", int),  # request body limit (413 above it)
+    ("TOKENTRAIL_ENGINE_TIMEOUT_S", "engine_timeout_s", float),  # seconds, > 0
+    ("TOKENTRAIL_STREAM_IDLE_TIMEOUT_S", "stream_idle_timeout_s", float),  # seconds, > 0
 )
 _ENV_OF = {field: name for name, field, _ in ENV_SETTINGS}
 

@@ -1,10 +1,13 @@
-"""Correlation by URL: which requests are captured, forwarded, or refused (pure).
+"""Correlation by URL: which prefix a request came through, and its API path (pure).
 
-- ``/ng-rollout/<id>/training-token-capture/<api path>``: capture;
-- ``/ng-rollout/<id>/<api path>``: evaluation correlation only (forwarded, never captured);
-- any other path: forwarded untouched;
+- ``/ng-rollout/<id>/training-token-capture/<api path>``: the capture prefix;
+- ``/ng-rollout/<id>/<api path>``: the evaluation prefix (correlation only, never captured);
+- any other path: a bare API path;
 - ``/rollouts/<id>/finish`` and ``/tokentrail/admin/...``: control routes (bearer token),
   never reachable through the ``/ng-rollout/`` prefix.
+
+What is done with each (method, API path) on each prefix (capture, correlate, forward,
+refuse) is decided by the route policy table, ``producers.route_policy``, and only there.
 
 An invalid rollout id is refused (HTTP 400 naming the rule), never rewritten. Paths are read
 from the ASGI scope, never from a URL rebuilt out of it: Starlette's ``request.url`` goes
@@ -39,11 +42,6 @@ class Route:
     kind: Kind
     api_path: str  # the path forwarded upstream (prefix stripped), starting with "/"
     rollout_id: str | None = None
-
-
-# Generating routes are the dialects' (``producers.dialects.registry``); everything else under
-# the capture prefix is either known to be non-generating (served without masking) or unknown.
-NON_GENERATING = ("/v1/models", "/v1/messages/count_tokens", "/health", "/v1/health", "/tokenize", "/detokenize")
 
 
 CONTROL_PREFIXES = ("/rollouts/", "/tokentrail/admin/")
@@ -91,10 +89,6 @@ def parse_route(path: str, raw_path: bytes | None = None) -> Route:
     if tail == f"/{CAPTURE_SEGMENT}" or tail.startswith(f"/{CAPTURE_SEGMENT}/"):
         return Route(Kind.CAPTURE, tail[len(CAPTURE_SEGMENT) + 1 :] or "/", rollout_id)
     return Route(Kind.EVAL, tail, rollout_id)
-
-
-def is_non_generating(api_path: str) -> bool:
-    return api_path.rstrip("/") in NON_GENERATING or api_path.startswith("/v1/models/")
 
 
 def is_control(path: str) -> bool:

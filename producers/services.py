@@ -69,7 +69,7 @@ def engine_client(settings: InterceptorSettings) -> httpx.AsyncClient:
     """The pooled client to the engine at ``settings.upstream_url``."""
     return httpx.AsyncClient(
         base_url=settings.upstream_url,
-        timeout=httpx.Timeout(settings.upstream_timeout_s, connect=10.0),
+        timeout=httpx.Timeout(settings.engine_timeout_s, connect=10.0),  # a backstop: generation owns its deadlines
         limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
     )
 

@@ -11,13 +11,16 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from schemas.errors import ConfigError
+from schemas.rollout_tokens import check_secret
 from schemas.topics import TopicNames, check_bootstrap
 
 Bootstrap = Annotated[str, AfterValidator(check_bootstrap)]
 
 
 class InterceptorSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # hide_input_in_errors: a refused secret (rollout_secret too short) is never echoed into a log.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     upstream_url: str = Field(description="OpenAI-compatible model server, e.g. http://127.0.0.1:8000")
     bootstrap: Bootstrap = Field(description="Kafka bootstrap servers, host:port[,host:port]")
@@ -31,7 +34,14 @@ class InterceptorSettings(BaseModel):
     sampling_overrides: dict[str, Any] = Field(
         default_factory=dict, description="Values that replace the harness's sampling parameters (temperature, top_p, ...)"
     )
-    upstream_timeout_s: float = 600.0
+    engine_timeout_s: float = Field(
+        1800.0, description="Longest an engine call may take, streaming or not (a 32k-token generation at ~20 "
+                            "tokens/s takes 1600 s); then CallIncomplete(engine_timeout), a 504 or an error event"
+    )
+    stream_idle_timeout_s: float = Field(
+        300.0, description="Longest silence of an engine stream: before its first chunk (prefill of a long prompt "
+                           "on a busy engine) and between two chunks; then CallIncomplete(engine_timeout)"
+    )
     publish_timeout_ms: int = Field(
         5_000, description="How long an event may wait for Kafka's ack before it goes to the spool instead"
     )
@@ -49,12 +59,27 @@ class InterceptorSettings(BaseModel):
                           "name it does not serve (the harness's requested name is kept as a fact)"
     )
     upstream_api_key: SecretStr | None = Field(
-        None, description="Sent to the engine as 'Authorization: Bearer <key>' instead of whatever the harness sent "
-                          "(env TOKENTRAIL_UPSTREAM_API_KEY); without it an Anthropic x-api-key is mapped to Bearer"
+        None, description="The engine's only credential, sent as 'Authorization: Bearer <key>' (env "
+                          "TOKENTRAIL_UPSTREAM_API_KEY, vLLM --api-key); a harness's own key is never forwarded"
     )
     logprobs_mode: str = Field(
         "raw_logprobs", description="What the engine's logprob values mean (vLLM --logprobs-mode), recorded on "
                                     "every call: raw_logprobs (vLLM's default) or processed_logprobs"
+    )
+    rollout_secret: SecretStr | None = Field(
+        None, description="With it, every request under /ng-rollout/<id>/ must present that rollout's token "
+                          "(schemas.rollout_tokens.rollout_token; `tokentrail token <id>`) as its API key (Bearer or "
+                          "x-api-key), else a 401; without it any caller may act for any rollout (trusted network). "
+                          "env TOKENTRAIL_ROLLOUT_SECRET or --rollout-secret-file"
+    )
+    max_body_bytes: int = Field(
+        16 * 1024 * 1024, gt=0,
+        description="Largest request body accepted (a 413 above it, nothing recorded or forwarded): 16 MiB, "
+                    "about 16x the JSON of a full 128k-token text context, with room for a few images"
+    )
+    forward_unknown_routes: bool = Field(
+        False, description="Forward routes the route table does not list, on bare paths only (a trusted engine); "
+                           "under /ng-rollout/ the table always holds (producers.route_policy)"
     )
     index_max_rollouts: int = 65_536
     index_max_tokens: int = Field(16_000_000, description="Token budget of the lineage index (prefix supply only)")
@@ -65,6 +90,24 @@ class InterceptorSettings(BaseModel):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"upstream_url must be an http(s) URL, got {value!r} (e.g. http://127.0.0.1:8000)")
         return value.rstrip("/")
+
+    @field_validator("engine_timeout_s", "stream_idle_timeout_s")
+    @classmethod
+    def _positive_seconds(cls, value: float, info: Any) -> float:
+        if not 0 < value < float("inf"):
+            raise ValueError(f"{info.field_name}={value!r} must be a positive, finite number of seconds (defaults: "
+                             "engine_timeout_s 1800, stream_idle_timeout_s 300)")
+        return value
+
+    @field_validator("rollout_secret")
+    @classmethod
+    def _long_enough_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            try:
+                check_secret(value.get_secret_value())
+            except ConfigError as exc:  # the value is not echoed: it is a secret
+                raise ValueError(f"rollout_secret: {exc}") from None
+        return value
 
     @field_validator("logprobs_mode")
     @classmethod

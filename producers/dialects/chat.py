@@ -70,7 +70,7 @@ class ChatStreamAdapter:
         if "choices" in out:
             choices = []
             for choice in out["choices"]:
-                clean = {k: v for k, v in choice.items() if k not in CHOICE_TOKEN_FIELDS and k != "weight_versions"}
+                clean = {k: v for k, v in choice.items() if k not in CHOICE_TOKEN_FIELDS}
                 if not self.keep_logprobs and "logprobs" in clean:
                     clean["logprobs"] = None
                 choices.append(clean)

@@ -14,6 +14,8 @@ from compose.vllm_engine.engine import VllmEngine
 from tests.integration.engines import assert_one_token_exact_chain, require_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
+# The interceptor requires rollout tokens (TOKENTRAIL_ROLLOUT_SECRET); each run sends its own as its API key.
+ROLLOUT_SECRET = "e2e-rollout-secret-0123456789abcdef"
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +33,9 @@ def cc_stack(kafka_bootstrap, tmp_path_factory, upstream):
     # Claude Code's system prompt, tools and environment message are ~50 KB of text: the reference
     # server's word-level tokenizer needs a long context; vLLM keeps its 32768 (no extra configuration).
     policy_args = ("--max-model-len", "262144") if upstream is None else ()
+    # With a rollout secret: Claude Code carries its rollout token as ANTHROPIC_API_KEY, unmodified.
     with LocalStack(kafka_bootstrap, tmp_path_factory.mktemp("cc"), topic_prefix=f"cc{tag}.", processor_id=f"cc{tag}",
-                    policy_args=policy_args, upstream_url=upstream) as running:
+                    policy_args=policy_args, upstream_url=upstream, rollout_secret=ROLLOUT_SECRET) as running:
         yield running
 
 
@@ -43,11 +46,12 @@ def in_engine_stack(kafka_bootstrap, tmp_path_factory):
     tag = uuid.uuid4().hex[:8]
     prefix, token = f"mw{tag}.", "tokentrail-demo-token"
     env = {"TOKENTRAIL_BOOTSTRAP": kafka_bootstrap, "TOKENTRAIL_TOPIC_PREFIX": prefix,
-           "TOKENTRAIL_CONTROL_TOKEN": token}
+           "TOKENTRAIL_CONTROL_TOKEN": token, "TOKENTRAIL_ROLLOUT_SECRET": ROLLOUT_SECRET}
     with VllmEngine(tmp_path_factory.mktemp("vllm-mw"), env=env,
                     extra_args=("--middleware", "producers.middleware.TokentrailMiddleware")) as engine:
         with LocalStack(kafka_bootstrap, tmp_path_factory.mktemp("mw"), topic_prefix=prefix, processor_id=f"mw{tag}",
-                        control_token=token, upstream_url=engine.url, interceptor_in_engine=True) as running:
+                        control_token=token, upstream_url=engine.url, interceptor_in_engine=True,
+                        rollout_secret=ROLLOUT_SECRET) as running:
             yield running
 
 
@@ -63,7 +67,7 @@ def _run_and_check(claude_stack: LocalStack, tmp_path) -> dict:
     result = run_claude_code(
         claude_stack.capture_base_url(rid).removesuffix("/v1"),
         "Check the working directory with one shell command, then summarise. #tool-calls=2",
-        workdir=tmp_path, timeout=240,
+        workdir=tmp_path, timeout=240, env={"ANTHROPIC_API_KEY": claude_stack.api_key(rid)},
     )
     assert result.ok, f"claude exited {result.returncode}: {result.stderr_tail}\n{result.stdout_tail}"
     tool_outputs = [r for r in result.tool_results()]

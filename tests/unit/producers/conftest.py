@@ -13,13 +13,21 @@ from producers.app import Interceptor
 from producers.settings import InterceptorSettings
 from producers.publisher import PublishFailed
 from schemas.codec import decode_event
+from schemas.records import CallStarted
 
 
 class RecordingPublisher:
-    """Stands in for KafkaPublisher: records events; can be told to fail or to hold acks."""
+    """Stands in for KafkaPublisher: records events; can be told to fail or to hold acks.
+
+    ``all`` is every event in publish order; ``events`` leaves out the CallStarted intent each
+    captured call publishes before dispatch (``intents``), so a test of what a call recorded reads
+    its one record; ``tests/unit/producers/test_engine_stalls.py`` tests the intents themselves.
+    """
 
     def __init__(self) -> None:
+        self.all: list[Any] = []
         self.events: list[Any] = []
+        self.intents: list[Any] = []
         self.raw: list[tuple[str, bytes, bytes]] = []
         self.fail = False
         self.possibly_persisted = False
@@ -31,8 +39,10 @@ class RecordingPublisher:
         if self.fail:
             raise PublishFailed("broker down", possibly_persisted=self.possibly_persisted)
         self.raw.append((topic, key, value))
-        self.events.append(decode_event(value))
-        return 0, len(self.events) - 1
+        event = decode_event(value)
+        self.all.append(event)
+        (self.intents if isinstance(event.body, CallStarted) else self.events).append(event)
+        return 0, len(self.all) - 1
 
     async def close(self) -> int:
         return 0

@@ -153,13 +153,15 @@ async def test_the_mask_reason_of_a_refused_call_quotes_the_engine(over_engine, 
     assert reason.detail.startswith("engine_rejected (HTTP 400: This model's maximum context length is 20 tokens")
 
 
-async def test_x_api_key_is_sent_as_bearer_to_an_engine_with_an_api_key(over_engine):
+async def test_a_harness_x_api_key_is_not_mapped_to_the_engine(over_engine):
+    # Was: an Anthropic x-api-key went to the engine as Bearer. Issue 15 item 12: headers towards the engine
+    # come from an allow-list; an engine with --api-key needs TOKENTRAIL_UPSTREAM_API_KEY (next test).
     engine = FakeVLLM(api_key="k-engine")
     http, _ = await over_engine(engine)
     r = await http.post(MESSAGES.format(rid="auth-1"), headers={"x-api-key": "k-engine"},
                         json={"model": "claude-x", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]})
-    assert r.status_code == 200, r.text
-    assert all(req["headers"]["authorization"] == "Bearer k-engine" for req in engine.requests)
+    assert r.status_code == 401, r.text  # the engine's refusal: the harness's key never reached it
+    assert all("authorization" not in req["headers"] and "x-api-key" not in req["headers"] for req in engine.requests)
 
 
 async def test_upstream_api_key_replaces_the_harness_credential(over_engine):

@@ -238,12 +238,16 @@ async def test_a_non_ascii_header_value_is_forwarded_as_its_bytes_and_the_call_s
     app = Interceptor(InterceptorSettings(upstream_url="http://engine", bootstrap="unused:9092",
                                           control_token="s3cret"), publisher=publisher, upstream=client)
     await app.startup()
-    headers = [(b"x-harness-note", b"caf\xe9 cr\xe8me"), (b"user-agent", b"agent/\xe9")]
+    # x-request-id: an allow-listed header (producers.http.FORWARDED_REQUEST_HEADERS); x-harness-note is
+    # not on the list, so it no longer reaches the engine (issue 15 item 12).
+    headers = [(b"x-request-id", b"caf\xe9 cr\xe8me"), (b"user-agent", b"agent/\xe9"),
+               (b"x-harness-note", b"caf\xe9")]
     r = await raw_asgi.call(app, "POST", (CAPTURE + ROUTES[dialect]).encode(),
                             body=json.dumps(VALID[dialect]).encode(), headers=headers)
     assert r.status == 200, r.body
     (sent,) = seen
-    assert (b"x-harness-note", b"caf\xe9 cr\xe8me") in sent and (b"user-agent", b"agent/\xe9") in sent
+    assert (b"x-request-id", b"caf\xe9 cr\xe8me") in sent and (b"user-agent", b"agent/\xe9") in sent
+    assert all(name != b"x-harness-note" for name, _ in sent)
     (event,) = publisher.events
     assert event.body.facts.user_agent == "agent/\xe9"
     # forwarded routes too
@@ -274,8 +278,12 @@ async def test_the_error_event_after_a_failed_durable_write_numbers_after_what_w
     sse = (CHUNK.format(t="Hi").replace('"token_ids":[5]', '"token_ids":[5],"finish_reason":"stop",'
                                                            '"logprobs":{"content":[{"token":"Hi","logprob":-0.1}]}')
            + "data: [DONE]\n\n")
-    upstream.responses.append(httpx.Response(200, content=sse.encode(), headers={"content-type": "text/event-stream"}))
-    publisher.fail = True
+    class BrokerGoesDown(httpx.AsyncByteStream):  # after the call's intent was acknowledged
+        async def __aiter__(self):
+            publisher.fail = True
+            yield sse.encode()
+
+    upstream.responses.append(httpx.Response(200, stream=BrokerGoesDown(), headers={"content-type": "text/event-stream"}))
     r = await http.post(CAPTURE + ROUTES["responses"], json={**VALID["responses"], "stream": True})
     events = sse_events(r.text)
     assert events[-1]["type"] == "error" and "durable" in events[-1]["message"]

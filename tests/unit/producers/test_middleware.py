@@ -312,3 +312,38 @@ async def test_in_engine_rollout_ids_are_checked_on_the_raw_path(publisher):
     assert good.status == 200, good.body
     assert not [e for e in publisher.events if e.rollout_id in ("a", "a/b")]
     await _middleware_of(app).interceptor.shutdown()
+
+
+async def test_in_engine_vllm_admin_routes_under_the_prefix_are_refused_never_run(publisher):
+    # The same route table as the proxy (producers.route_policy): vLLM's admin routes reached through
+    # /ng-rollout/ are refused; vLLM's own bare routes stay vLLM's (issue 15 item 2).
+    ran: list[str] = []
+
+    async def admin(request):
+        ran.append(request.url.path)
+        from starlette.responses import JSONResponse
+        return JSONResponse({"ok": True})
+
+    app, _ = _vllm_like()
+    for path in ("/pause", "/sleep", "/v1/load_lora_adapter", "/collective_rpc", "/reset_prefix_cache"):
+        app.router.routes.append(Route(path, admin, methods=["POST"]))
+    app.add_middleware(TokentrailMiddleware, settings=SETTINGS, publisher=publisher)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://vllm") as http:
+        for prefix in ("/ng-rollout/mw-5", "/ng-rollout/mw-5/training-token-capture"):
+            for path in ("/pause", "/sleep", "/v1/load_lora_adapter", "/collective_rpc", "/reset_prefix_cache"):
+                r = await http.post(prefix + path, json={"lora_name": "x", "lora_path": "/tmp/x"})
+                assert r.status_code == 404 and "route policy: refuse" in r.text, r.text
+        assert ran == [] and publisher.events == []
+        assert (await http.post("/pause", json={})).status_code == 200  # bare: vLLM's own route, as without us
+    assert ran == ["/pause"]
+    await _middleware_of(app).interceptor.shutdown()
+
+
+def test_the_readme_names_every_middleware_variable():
+    from pathlib import Path
+
+    from producers.middleware_env import ENV_SETTINGS
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    missing = [name for name, *_ in ENV_SETTINGS if f"`{name}`" not in readme]
+    assert not missing, f"README's in-engine middleware paragraph lacks {missing}"

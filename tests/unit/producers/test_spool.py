@@ -105,9 +105,10 @@ async def test_with_a_spool_a_down_broker_still_answers_and_reports_depth(make_i
     r = await http.post("/ng-rollout/s-2/training-token-capture/v1/chat/completions",
                         json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 200
-    assert (await http.get("/healthz")).json()["spooled"] == 1
-    assert b"tokentrail_spool_depth 1.0" in (await http.get("/metrics")).content
+    assert (await http.get("/healthz")).json()["spooled"] == 2  # the call's intent, then its capture
+    assert b"tokentrail_spool_depth 2.0" in (await http.get("/metrics")).content
     app.core.writer._present_event_ids = lambda topic: set()
     publisher.fail = False
     await _wait(lambda: app.core.writer.spooled == 0)
-    assert len(publisher.events) == 1
+    assert len(publisher.events) == 1 and [e.body.model_call_id for e in publisher.intents] == [
+        publisher.events[0].body.model_call_id]

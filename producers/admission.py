@@ -1,0 +1,121 @@
+"""Admission: what a request must satisfy before any handler sees it (pure: ASGI callables, no framework).
+
+Two rules, both checked by ``producers.app.Interceptor.dispatch`` once, before any handler runs,
+so that a refused request records nothing and forwards nothing:
+
+* **Rollout token** (``rollout_refusal``): with a rollout secret set, a request under
+  ``/ng-rollout/<id>/`` must present ``schemas.rollout_tokens.rollout_token(secret, id)`` as its
+  API key, ``Authorization: Bearer <token>`` or ``x-api-key: <token>`` (either is enough, as
+  every harness SDK sends one of them). Without a secret every request is admitted (a trusted
+  network). The token never goes further: ``producers.http.upstream_headers`` forwards neither
+  header.
+* **Body size** (``read_body``): a body over ``max_body_bytes`` is refused. A declared
+  ``Content-Length`` over the limit is refused before a byte is read; any other body (chunked,
+  or a Content-Length the server did not enforce) is counted as it arrives and reading stops
+  at the first byte past the limit, so memory stays bounded by the limit. The body read is
+  replayed to the handler (``replay``), so nothing reads the request twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from schemas.errors import ContractError
+from schemas.rollout_tokens import token_matches
+
+__all__ = ["BodyTooLarge", "ClientGone", "declared_too_large", "presented_keys", "read_body", "replay",
+           "rollout_refusal", "too_large_message"]
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+_LIMIT_HOW = "setting max_body_bytes: --max-body-bytes or TOKENTRAIL_MAX_BODY_BYTES"
+
+
+class BodyTooLarge(ContractError):
+    """The request body is over the interceptor's limit (a 413 naming it)."""
+
+
+class ClientGone(ContractError):
+    """The client disconnected before its request body arrived (nothing to answer)."""
+
+
+def presented_keys(headers: Mapping[str, str]) -> list[str]:
+    """The API keys a request presents: its Bearer credential and its ``x-api-key``, as sent."""
+    keys = []
+    authorization = headers.get("authorization")
+    if authorization:
+        scheme, _, value = authorization.strip().partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            keys.append(value.strip())
+    api_key = headers.get("x-api-key")
+    if api_key:
+        keys.append(api_key.strip())
+    return keys
+
+
+def rollout_refusal(secret: bytes | None, rollout_id: str, headers: Mapping[str, str]) -> str | None:
+    """None when the request may act for ``rollout_id``; else the 401 message saying what to send."""
+    if secret is None:
+        return None
+    keys = presented_keys(headers)
+    if any(token_matches(secret, rollout_id, key) for key in keys):
+        return None
+    what = "a key that is not this rollout's token" if keys else "no API key"
+    return (f"rollout {rollout_id!r} needs its rollout token as the API key; the request sent {what}. Send "
+            "'Authorization: Bearer <token>' or 'x-api-key: <token>' (the harness's API key setting, e.g. "
+            "OPENAI_API_KEY or ANTHROPIC_API_KEY), where <token> is what `tokentrail token <rollout-id>` prints "
+            "(schemas.rollout_tokens.rollout_token) with this interceptor's TOKENTRAIL_ROLLOUT_SECRET; "
+            "nothing was recorded or forwarded")
+
+
+def too_large_message(size: str, limit: int) -> str:
+    return (f"request body of {size} is over the interceptor's limit of {limit} bytes ({_LIMIT_HOW}); "
+            "nothing was recorded or forwarded: send a smaller request, or raise the limit")
+
+
+def declared_too_large(headers: Mapping[str, str], limit: int) -> str | None:
+    """The 413 message when the declared Content-Length is over ``limit``; None otherwise (or undeclared)."""
+    declared = headers.get("content-length")
+    try:
+        length = int(declared) if declared is not None else None
+    except ValueError:
+        return None  # the server frames the body; it is counted as it arrives
+    if length is not None and length > limit:
+        return too_large_message(f"{length} bytes (Content-Length)", limit)
+    return None
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    """The whole body, read as it arrives; BodyTooLarge at the first byte past ``limit``."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        kind = message.get("type")
+        if kind == "http.disconnect":
+            raise ClientGone("the client disconnected before its request body arrived")
+        if kind != "http.request":
+            continue
+        chunk = message.get("body") or b""
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(too_large_message(f"more than {limit} bytes (counted as it arrived)", limit))
+        if chunk:
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that hands out ``body`` once, then defers to ``receive`` (so a disconnect is still seen)."""
+    sent = False
+
+    async def replayed() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed

@@ -1,0 +1,251 @@
+"""A streamed generating call: the engine's chunks reach the client as they come, the capture comes last.
+
+Two halves per call: the pump (a task of its own) reads the engine stream under the call's ``Deadlines``,
+translates each chunk for the client and queues it; the response (``ClientStream``) hands queued pieces to
+the server. Only the terminal event waits until the capture is durable.
+
+Guarantees:
+- Deadlines: an engine stream silent for ``stream_idle_timeout_s`` (before its first chunk too) or still
+  running after ``engine_timeout_s`` is closed; the call records CallIncomplete(engine_timeout) naming which
+  timeout, and the client's stream ends with an error event in its dialect.
+- A client that goes away before its stream ended (the server stops taking the body: an http.disconnect, a
+  failed send, the request cancelled) is seen by the response itself, however it ended. Until the pump
+  starts writing the call's record, it is stopped: the engine stream is closed (vLLM aborts a request whose
+  connection closes, so no tokens are generated for nobody) and the call records
+  CallIncomplete(client_disconnected) saying how many events and generated tokens the client was handed.
+  Never a CallCaptured: the rollout is masked, not delivered with a generation its harness did not get.
+- The capture is written only once every content event was handed to the server, and only if the client is
+  still there. A client that goes away after that, while the capture is made durable or before the terminal
+  event reaches it, keeps the capture: it was handed every content chunk, only the closing events were lost,
+  and a call leaves exactly one record.
+- The engine failing mid-stream: a broken stream or one that ends without a finish reason is
+  CallIncomplete(stream_interrupted), an error event CallIncomplete(upstream_error), a chunk no dialect can
+  express CallIncomplete(untranslatable_output); the client gets an error event instead of the terminal one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+import orjson
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from producers.capture import Call
+from producers.engine_call import SERVED, Deadlines, EngineFailure, StreamWatch, record_failure, refusal, send_chat
+from producers.streaming import ChatStreamAccumulator
+from schemas.records import IncompleteReason
+
+if TYPE_CHECKING:
+    from producers.dialects.base import DialectAdapter, StreamAdapter
+    from producers.services import CaptureServices
+
+__all__ = ["ClientLink", "ClientStream", "stream_call"]
+
+log = logging.getLogger("tokentrail.interceptor")
+_ENGINE_ENDED = ("abort", "error")  # finish reasons the core records as failures
+
+
+class ClientLink:
+    """The client's side of one stream, as the pump sees it: what was queued, what the server took, who left."""
+
+    __slots__ = ("queue", "queued", "handed", "tokens_handed", "ended", "left", "committed", "pump", "_drained")
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue()
+        self.queued = 0  # events queued for the client
+        self.handed = 0  # events the server took (its send returned)
+        self.tokens_handed = 0  # generated tokens in what the server took
+        self.ended = False  # the end of the stream was handed to the server
+        self.left = False  # the client went away before that
+        self.committed = False  # the pump is writing the call's record: the client leaving no longer stops it
+        self.pump: asyncio.Task[None] | None = None
+        self._drained: asyncio.Future[None] | None = None
+
+    def put(self, piece: bytes, tokens: int) -> None:
+        self.queued += 1
+        self.queue.put_nowait((piece, tokens))
+
+    def end(self) -> None:
+        self.queue.put_nowait(None)
+
+    async def body(self) -> AsyncIterator[bytes]:
+        while (item := await self.queue.get()) is not None:
+            yield item[0]
+            # Resumed: the server's send of that event returned.
+            self.handed += 1
+            self.tokens_handed = item[1]
+            if self._drained is not None and self.handed >= self.queued and not self._drained.done():
+                self._drained.set_result(None)
+        self.ended = True
+
+    def closed(self) -> None:
+        """The response is over, however it ended; if its end was not handed to the server, the client left."""
+        if self.ended or self.left:
+            return
+        self.left = True
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        if not self.committed and self.pump is not None and not self.pump.done():
+            self.pump.cancel()  # it waits on the engine or on the client: stop it, it records why
+
+    async def drained(self) -> None:
+        """Return once every queued event was handed to the server, or the client left."""
+        if self.left or self.handed >= self.queued:
+            return
+        self._drained = asyncio.get_running_loop().create_future()
+        await self._drained
+
+    def left_detail(self, acc: ChatStreamAccumulator) -> str:
+        return (f"the client disconnected before the end of its stream: it was handed {self.handed} of "
+                f"{self.queued} event(s), {self.tokens_handed} generated token(s), after {acc.chunks} engine "
+                "chunk(s); the engine stream was closed (the engine aborts the request) and nothing was captured")
+
+
+class ClientStream(StreamingResponse):
+    """The SSE answer of a streamed call; tells its ``ClientLink`` when it is over, however it ended."""
+
+    def __init__(self, link: ClientLink) -> None:
+        super().__init__(link.body(), media_type="text/event-stream",
+                         headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+        self.link = link
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.link.closed()
+
+
+async def stream_call(svc: CaptureServices, call: Call, adapter: DialectAdapter, parsed: Any,
+                      upstream_body: dict[str, Any], headers: dict[str, str], deadlines: Deadlines) -> Response:
+    """Dispatch the streamed call; the answer streams what the pump queues (module docstring)."""
+    upstream_body["stream"] = True
+    if adapter.spec.stream_usage:  # the translated terminal events report usage
+        upstream_body["stream_options"] = {"include_usage": True}
+    upstream = await send_chat(svc, call, upstream_body, headers, deadlines, stream=True)
+    if isinstance(upstream, EngineFailure):
+        return await record_failure(svc, call, adapter, upstream)
+    link = ClientLink()
+    link.pump = asyncio.get_running_loop().create_task(_pump(svc, call, adapter, parsed, upstream, link, deadlines))
+    svc.tasks.track(link.pump)
+    return ClientStream(link)
+
+
+async def _pump(svc: CaptureServices, call: Call, adapter: DialectAdapter, parsed: Any, upstream: Any,
+                link: ClientLink, deadlines: Deadlines) -> None:
+    """Read the engine's stream to its end, forward it translated, then write the call's one record."""
+    acc = ChatStreamAccumulator()
+    out = adapter.stream_adapter(call.response_id, parsed)
+    core, ctx = svc.core, call.ctx
+    watch = StreamWatch(deadlines)
+    broke: tuple[str, str] | None = None
+    try:
+        # Cancellable here, and only here: by the watch (the engine went silent) and by
+        # ClientLink.closed() (the client left).
+        try:
+            broke = await _relay(upstream, acc, out, link, watch)
+            watch.stop()
+            if broke is None and not acc.finished:
+                broke = (IncompleteReason.STREAM_INTERRUPTED,
+                         f"engine stream ended without a finish_reason after {acc.chunks} chunks")
+            if broke is None:
+                await link.drained()  # the capture is of what the client was handed, all of it
+        except asyncio.CancelledError:
+            watch.stop()
+            if not link.left and watch.bound is None:
+                raise  # neither the client's doing nor the engine's (shutdown): not ours to swallow
+            _uncancel()
+            if not link.left and watch.bound is not None:
+                broke = (IncompleteReason.ENGINE_TIMEOUT,
+                         deadlines.expired(watch.bound, f"after {acc.chunks} chunks"))
+        link.committed = True
+        if link.left:
+            await upstream.aclose()  # first: the engine stops generating for nobody
+            await core.incomplete(ctx.rollout_id, ctx.model_call_id, IncompleteReason.CLIENT_DISCONNECTED,
+                                  ctx.route, None, link.left_detail(acc))
+            return
+        if broke is not None:
+            await upstream.aclose()
+            reason, detail = broke
+            ok = await core.incomplete(ctx.rollout_id, ctx.model_call_id, reason, ctx.route, None, detail)
+            timed_out = reason == IncompleteReason.ENGINE_TIMEOUT
+            message = (detail if timed_out else f"the model stream failed ({reason})") + (
+                "" if ok else " and was not recorded")
+            link.put(out.error(504 if timed_out else 502, message, "engine_timeout" if timed_out else "upstream_error"),
+                     link.tokens_handed)
+            return
+        outcome = await core.complete(call, acc.response(), prepare=out.finish)
+        if outcome in SERVED:
+            rest, terminal = call.answer
+            if rest:
+                link.put(rest, _tokens(acc))
+            link.put(terminal, _tokens(acc))
+        else:
+            status, kind, message = refusal(call, outcome)
+            link.put(out.error(status, message, kind), link.tokens_handed)
+    except Exception as exc:  # never leave the client hanging, never lose the evidence silently
+        log.exception("stream capture failed for call %s", ctx.model_call_id)
+        link.committed = True
+        await core.incomplete(ctx.rollout_id, ctx.model_call_id, IncompleteReason.CAPTURE_EXCEPTION, ctx.route,
+                              None, repr(exc))
+        link.put(out.error(500, f"capture failed: {exc!r}"), link.tokens_handed)
+    finally:
+        watch.stop()
+        await upstream.aclose()
+        link.end()
+
+
+def _uncancel() -> None:
+    # The cancellation was ours (the client left, or the engine went silent) and is handled: later
+    # timeouts (the publisher's) must work as usual.
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+
+
+def _tokens(acc: ChatStreamAccumulator) -> int:
+    return len(acc.token_ids) if acc.token_ids else 0
+
+
+async def _relay(upstream: Any, acc: ChatStreamAccumulator, out: StreamAdapter, link: ClientLink,
+                 watch: StreamWatch) -> tuple[str, str] | None:
+    """Forward the engine's chunks as they come; (reason, detail) when the stream cannot be completed."""
+    lines = upstream.aiter_lines()
+    while True:
+        try:
+            line = await anext(lines)
+        except StopAsyncIteration:
+            return None
+        except Exception as exc:  # any transport failure, httpx's or an in-process upstream's
+            return IncompleteReason.STREAM_INTERRUPTED, f"engine stream broke after {acc.chunks} chunks: {exc!r}"
+        watch.seen()
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return None
+        try:
+            chunk = orjson.loads(data)
+        except ValueError as exc:
+            return IncompleteReason.STREAM_INTERRUPTED, f"engine chunk {acc.chunks + 1} is not JSON: {exc}"
+        if not isinstance(chunk, dict):
+            return IncompleteReason.STREAM_INTERRUPTED, f"engine chunk {acc.chunks + 1} is not a JSON object"
+        if "error" in chunk and "choices" not in chunk:
+            return IncompleteReason.UPSTREAM_ERROR, f"engine error after {acc.chunks} chunks: {chunk['error']}"
+        try:  # the one chunk reader (producers.dialects.chat_chunks) refuses what no dialect can express
+            acc.feed(chunk)
+        except ValueError as exc:
+            return (IncompleteReason.UNTRANSLATABLE_OUTPUT,
+                    f"engine chunk {acc.chunks + 1} cannot be expressed in the client's dialect: {exc}")
+        if acc.finish_reason in _ENGINE_ENDED:
+            return None  # the core records it; the harness gets an error event, not this chunk
+        try:
+            piece = out.feed(chunk)
+        except ValueError as exc:
+            return (IncompleteReason.UNTRANSLATABLE_OUTPUT,
+                    f"engine chunk {acc.chunks} cannot be expressed in the client's dialect: {exc}")
+        if piece:
+            link.put(piece, _tokens(acc))
