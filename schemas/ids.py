@@ -46,24 +46,22 @@ _RESPONSE_ID_PATTERN = re.compile(r"(?<![A-Za-z0-9_-])[0-9_-]*[A-Za-z][A-Za-z0-9
 
 def validate_rollout_id(rollout_id: object) -> str:
     """Return the id unchanged, or raise ContractError naming the rule."""
-    if not isinstance(rollout_id, str) or not ROLLOUT_ID_PATTERN.fullmatch(rollout_id):
-        raise ContractError(
-            f"invalid rollout id {_shown(rollout_id)}: a rollout id must match {ROLLOUT_ID_RULE} "
-            "(start with a letter or digit; then letters, digits, '.', '_' or '-'; at most 200 characters). "
-            "It is rejected, not rewritten: choose an id such as 'step12.task7-r3'."
-        )
-    return rollout_id
+    return _checked(rollout_id, ROLLOUT_ID_PATTERN, "rollout id", f"a rollout id must match {ROLLOUT_ID_RULE}",
+                    "It is rejected, not rewritten: choose an id such as 'step12.task7-r3'.")
 
 
 def validate_model_call_id(call_id: object, *, field: str = "model_call_id") -> str:
     """Return the id unchanged, or raise ContractError naming ``field``, the value and the rule."""
-    if not isinstance(call_id, str) or not CALL_ID_PATTERN.fullmatch(call_id):
-        raise ContractError(
-            f"invalid {field} {_shown(call_id)}: a model call id must match {CALL_ID_RULE} (start with a "
-            "letter or digit; then letters, digits, '.', '_' or '-'; at most 200 characters). It is refused, "
-            "not rewritten: mint ids with schemas.ids.new_model_call_id() (uuid4().hex)"
-        )
-    return call_id
+    return _checked(call_id, CALL_ID_PATTERN, field, f"a model call id must match {CALL_ID_RULE}",
+                    "It is refused, not rewritten: mint ids with schemas.ids.new_model_call_id() (uuid4().hex)")
+
+
+def _checked(value: object, pattern: re.Pattern[str], what: str, rule: str, fix: str) -> str:
+    """``value`` when ``pattern`` matches all of it; else ContractError naming ``what``, the value, the rule, the fix."""
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise ContractError(f"invalid {what} {_shown(value)}: {rule} (start with a letter or digit; then letters, "
+                            f"digits, '.', '_' or '-'; at most 200 characters). {fix}")
+    return value
 
 
 def _shown(value: object) -> str:
