@@ -195,9 +195,16 @@ def _calls_in(records: Iterator[Any]) -> dict[str, CallCaptured]:
 
 
 def _decoded(records: Iterator[Any], calls: dict[str, CallCaptured]) -> Iterator[Any]:
-    """The records, each decoded first (an undecodable one raises) and its first call body kept in ``calls``."""
+    """The records, each call's first body kept in ``calls``; an undecodable record passes through as it is.
+
+    The fold dead-letters an undecodable record and marks its rollout incomplete, as the live
+    processor does, so a freeze answers what the processor decided instead of raising.
+    """
     for record in records:
-        body = record.decode().body
+        try:
+            body = record.decode().body
+        except ContractError:
+            body = None
         if isinstance(body, CallCaptured):
             calls.setdefault(body.model_call_id, body)
         yield record

@@ -64,3 +64,19 @@ async def test_a_call_id_the_processor_would_dead_letter_is_refused_before_anyth
         await sink.begin_call("rollout-g", bad)
     assert sink._client._producer is None
     await sink.close()
+
+
+def test_a_freeze_over_an_undecodable_record_answers_the_processors_decision_instead_of_raising():
+    from consumers.gym.adapters import _fold_until
+    from consumers.replay.eventlog import LoggedEvent
+    from schemas.topics import key_for
+    from tests.factories import make_call
+
+    call = make_call([11, 12], [13, 14], call_id="call-1")
+    good = encode_event(event("rollout-g", call))
+    finish = event("rollout-g", finished())
+    values = [good, good + b"\x00trailing", encode_event(finish)]  # the second one the codec refuses
+    records = [LoggedEvent(0, n, 0, value, key_for("rollout-g")) for n, value in enumerate(values)]
+    snapshot, calls = _fold_until(iter(records), "rollout-g", finish.event_id)
+    assert snapshot.incomplete and list(calls) == ["call-1"]
+    assert [sc.call.model_call_id for sc in snapshot.calls] == ["call-1"]
