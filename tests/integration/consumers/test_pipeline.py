@@ -20,9 +20,7 @@ import pytest
 from consumers.replay.eventlog import EventLog
 from consumers.gym.adapters import TokenSink, TokenSource
 from consumers.gym.conformance import gym_entry
-from consumers.sinks.stream import rollout_stream
 from consumers.rebuild import rebuild
-from consumers.settings import ConsumerSettings
 from processors.replay import MemoryState, replay
 from schemas.codec import decode_snapshot, encode_rebuilt
 from schemas.ids import response_id
@@ -30,6 +28,7 @@ from schemas.records import Dialect, RetireRequested
 from schemas.topics import key_for
 from tests.factories import event, finished
 from tests.unit.consumers.support import child, root, snapshot_of, text_call
+from tests.integration.consumers.delivery import consume
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 
@@ -56,20 +55,6 @@ def claude_code_rollout(final_retry: bool):
     return [title, c1, c2a, c2b, c3a, c3b], None
 
 
-async def _consume(kafka_bootstrap, topics, wanted: set[str], timeout: float = 60.0) -> dict:
-    settings = ConsumerSettings(bootstrap=kafka_bootstrap, group_id=f"itc-{uuid.uuid4().hex[:8]}", topics=topics,
-                                poll_timeout_s=0.1)
-    got: dict = {}
-    async with asyncio.timeout(timeout), rollout_stream(settings) as stream:
-        async for rollout in stream:  # the trainer, in the consumer's process
-            if rollout.rollout_id in wanted:
-                got[rollout.rollout_id] = rollout
-            if set(got) == wanted:
-                stream.ack()
-                break
-    return got
-
-
 async def test_claude_code_style_rollouts_through_the_live_pipeline(kafka_bootstrap, topics, publisher, processor):
     tag = uuid.uuid4().hex[:6]
     good_id, retried_id = f"cc-{tag}-good", f"cc-{tag}-final-retry"
@@ -81,7 +66,7 @@ async def test_claude_code_style_rollouts_through_the_live_pipeline(kafka_bootst
     events += [event(retried_id, c) for c in retried_calls] + [event(retried_id, finished({"reward": 0.0}))]
     publisher.publish(events)
 
-    got = await _consume(kafka_bootstrap, topics, {good_id, retried_id})
+    got = await consume(kafka_bootstrap, topics, {good_id, retried_id})
 
     good = got[good_id]
     title, c1, c2a, c2b, c3 = good_calls

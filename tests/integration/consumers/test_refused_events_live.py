@@ -19,15 +19,14 @@ import confluent_kafka
 import pytest
 
 from consumers.replay.eventlog import EventLog
-from consumers.settings import ConsumerSettings
-from consumers.sinks.stream import rollout_stream
 from processors.replay import MemoryState, replay
 from schemas.codec import encode_event
 from schemas.kafka.config import PARTITIONER
 from schemas.records import IncompleteReason, MaskCode
 from schemas.topics import key_for
-from tests.factories import event, finished
+from tests.factories import event
 from tests.unit.consumers.support import child, declared, root
+from tests.integration.consumers.delivery import consume
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 
@@ -56,20 +55,6 @@ def _dead_letters(bootstrap: str, topic: str, key: bytes, want: int, timeout: fl
         return out
     finally:
         consumer.close()
-
-
-async def _consume(bootstrap: str, topics, wanted: set[str], timeout: float = 90.0) -> dict:
-    settings = ConsumerSettings(bootstrap=bootstrap, group_id=f"itr-{uuid.uuid4().hex[:8]}", topics=topics,
-                                poll_timeout_s=0.1)
-    got: dict = {}
-    async with asyncio.timeout(timeout), rollout_stream(settings) as stream:
-        async for rollout in stream:
-            if rollout.rollout_id in wanted:
-                got[rollout.rollout_id] = rollout
-            if set(got) == wanted:
-                stream.ack()
-                break
-    return got
 
 
 def _retired(bootstrap: str, topic: str, rollout_id: str, timeout: float = 30.0) -> bool:
@@ -108,7 +93,7 @@ async def test_trailing_bytes_and_bad_call_id_events_are_dead_lettered_and_the_r
                good(event(rid, declared(c2)))]
     await asyncio.to_thread(_publish_raw, kafka_bootstrap, topics.rollout_events, records)
 
-    got = await _consume(kafka_bootstrap, topics, {rid, bystander})
+    got = await consume(kafka_bootstrap, topics, {rid, bystander}, timeout=90.0)
 
     delivered = got[rid]
     assert delivered.mask_sample is True
