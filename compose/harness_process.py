@@ -16,7 +16,8 @@ It guarantees:
   SIGTERMed (the reaper kills the CLI and its descendants), after a further grace the whole
   process group is SIGKILLed, and ``timed_out`` is set with ``returncode`` ``None``; what the CLI
   printed before is kept. On return no process of the run is left (the group is killed once
-  more in any case).
+  more in any case). If the driver itself dies (``kill -9`` included) the reaper gets SIGTERM
+  (``PR_SET_PDEATHSIG``) and ends the run the same way; ``stop_group`` ends one on demand.
 * ``json_events``: the JSON objects of a line-delimited event stream (other lines skipped);
   ``tail``: the last characters of a long output, for results and error messages.
 """
@@ -33,7 +34,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 #: Sub-directories of a run's home that ``base_env`` points at (TMPDIR and the XDG dirs).
 HOME_DIRS = ("tmp", ".config", ".cache", ".local/share", ".local/state")
@@ -125,8 +126,12 @@ def run_home(home: Path | None, *, prefix: str) -> Iterator[Path]:
 
 
 def run_headless(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float,
-                 grace: float = KILL_GRACE_S) -> Finished:
-    """Run ``argv`` in ``cwd`` with exactly ``env``; never leaves a process behind (see the module)."""
+                 grace: float = KILL_GRACE_S, on_spawn: Callable[[int], None] | None = None) -> Finished:
+    """Run ``argv`` in ``cwd`` with exactly ``env``; never leaves a process behind (see the module).
+
+    ``on_spawn`` gets the run's process-group id as soon as it exists, so a driver running
+    many of these (``tokentrail collect``) can stop them all at once (``stop_group``).
+    """
     timed_out = False
     # The reaper (see _REAPER) is the CLI's parent: it outlives the CLI, adopts whatever the
     # CLI's tools left running (setsid and double forks included) and kills all of it.
@@ -134,6 +139,8 @@ def run_headless(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: fl
         [sys.executable, "-c", _REAPER, *argv], cwd=cwd, env=env,
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         start_new_session=True)
+    if on_spawn is not None:
+        on_spawn(proc.pid)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -159,12 +166,25 @@ def run_headless(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: fl
 # are re-parented to it, so nothing started by the run survives it. Exits with the CLI's status.
 _REAPER = r"""
 import ctypes, os, signal, subprocess, sys, time
+cli, stopping = None, False
+def _stop(*_):
+    global stopping
+    stopping = True
+    if cli is not None:
+        cli.kill()
+signal.signal(signal.SIGTERM, _stop)  # before anything is started: a SIGTERM never orphans the CLI
+parent = os.getppid()
 try:
-    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG: a driver killed by SIGKILL still ends the run
 except Exception:
     pass
+if os.getppid() != parent:
+    sys.exit(137)  # the driver died before the death signal was armed
 cli = subprocess.Popen(sys.argv[1:])
-signal.signal(signal.SIGTERM, lambda *_: cli.kill())
+if stopping:
+    cli.kill()
 while True:
     try:
         rc = cli.wait()
@@ -193,6 +213,14 @@ while True:
         time.sleep(0.02)
 sys.exit(rc if rc >= 0 else 128 - rc)
 """
+
+
+def stop_group(pgid: int) -> None:
+    """Ask a run's reaper to end it now (as at its timeout): the CLI and everything it started are killed."""
+    try:
+        os.kill(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _kill_group(pgid: int) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from compose.claude_code.install import ensure_claude_code
 from compose.harness_process import base_env, json_events, prepare_home, run_headless, run_home, tail, with_overrides
@@ -97,6 +97,7 @@ def run_claude_code(
     extra_args: list[str] | None = None,
     executable: Path | None = None,
     home: Path | None = None,
+    on_spawn: Callable[[int], None] | None = None,
 ) -> ClaudeCodeResult:
     """Run ``claude -p prompt`` headless against ``base_url``; never leaves a process behind.
 
@@ -106,7 +107,7 @@ def run_claude_code(
     ``--allowedTools`` rules (``"Bash(echo:*)"``, ``"Bash"``); read-only commands such as ``echo``
     run without one, commands that write need one. ``env`` entries override (``None``: remove)
     those of ``claude_code_env``. At ``timeout`` seconds the CLI and everything it started are
-    killed and ``timed_out`` is set.
+    killed and ``timed_out`` is set. ``on_spawn`` as in ``run_headless``.
     """
     binary = executable or ensure_claude_code()
     argv = [str(binary), "-p", "--output-format", "stream-json", "--verbose",
@@ -120,7 +121,7 @@ def run_claude_code(
     with run_home(home, prefix="tokentrail-claude-home-") as home_dir:
         prepare_home(home_dir, ".claude")
         done = run_headless(argv, cwd=workdir, env=claude_code_env(base_url, home_dir, model=model, extra=env),
-                            timeout=timeout)
+                            timeout=timeout, on_spawn=on_spawn)
     events = json_events(done.stdout)
     result = next((e for e in reversed(events) if e.get("type") == "result"), None)
     return ClaudeCodeResult(done.returncode, done.timed_out, result, events,

@@ -69,7 +69,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from compose.codex.install import ensure_codex
 from compose.harness_process import base_env, json_events, prepare_home, run_headless, run_home, tail, with_overrides
@@ -295,6 +295,7 @@ def run_codex(
     extra_args: list[str] | None = None,
     executable: Path | None = None,
     home: Path | None = None,
+    on_spawn: Callable[[int], None] | None = None,
 ) -> CodexResult:
     """Run ``codex exec --json -- prompt`` against ``base_url``; never leaves a process behind.
 
@@ -304,13 +305,14 @@ def run_codex(
     ``home`` defaults to a fresh temporary directory, removed afterwards. ``model`` goes into the
     config and ``--model``. ``config`` overrides entries of ``codex_config`` (``None`` removes
     one); ``env`` those of ``codex_env``. At ``timeout`` seconds the CLI and everything it started
-    are killed and ``timed_out`` is set.
+    are killed and ``timed_out`` is set. ``on_spawn`` as in ``run_headless``.
     """
     binary = executable or ensure_codex()
     config_toml = to_toml(codex_config(base_url, model=model, overrides=config))
     argv = codex_argv(binary, prompt, workdir=workdir, model=model, extra_args=extra_args)
     with run_home(home, prefix="tokentrail-codex-home-") as home_dir:
         _prepare_home(home_dir, config_toml)
-        done = run_headless(argv, cwd=workdir, env=codex_env(home_dir, extra=env), timeout=timeout)
+        done = run_headless(argv, cwd=workdir, env=codex_env(home_dir, extra=env), timeout=timeout,
+                            on_spawn=on_spawn)
     return CodexResult(done.returncode, done.timed_out, parse_events(done.stdout),
                        tail(done.stdout), tail(done.stderr), argv, config_toml)
