@@ -66,6 +66,8 @@ class Outcome:
     messages: list[dict[str, Any]] = field(default_factory=list)
     tool_results: list[str] = field(default_factory=list)
     response_ids: list[str] = field(default_factory=list)  # one per answered call, in order
+    timed_out: bool = False  # the error was a call's deadline
+    turns_exhausted: bool = False  # max_turns model calls, none of them final
 
 
 async def run_rollout(  # OpenAI chat completions
@@ -79,11 +81,18 @@ async def run_rollout(  # OpenAI chat completions
     model: str = "tokentrail-policy",
     max_turns: int = 10,
     stream: bool = False,
+    system: str | None = None,
+    api_key: str = "not-needed",
+    timeout: float = 60,
 ) -> Outcome:
-    """Run one multi-turn, tool-using conversation; never raises (errors end the rollout)."""
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="not-needed", max_retries=0, timeout=60)
+    """Run one multi-turn, tool-using conversation; never raises (errors end the rollout).
+
+    ``system`` replaces the default system message (which carries the reference server's
+    ``#tool-calls`` directive); ``timeout`` bounds each call.
+    """
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout)
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": f"You are a helpful agent. #tool-calls={tool_calls}"},
+        {"role": "system", "content": system if system is not None else f"You are a helpful agent. #tool-calls={tool_calls}"},
         {"role": "user", "content": task},
     ]
     outcome = Outcome(rollout_id, messages=messages)
@@ -108,8 +117,10 @@ async def run_rollout(  # OpenAI chat completions
                 outcome.tool_results.append(result)
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
         outcome.error = f"no final answer after {max_turns} turns"
+        outcome.turns_exhausted = True
     except openai.APIError as exc:
         outcome.error = f"{type(exc).__name__}: {exc}"
+        outcome.timed_out = isinstance(exc, openai.APITimeoutError)
     finally:
         await client.close()
     return outcome
@@ -117,21 +128,26 @@ async def run_rollout(  # OpenAI chat completions
 
 async def run_anthropic_rollout(
     base_url: str, rollout_id: str, task: str, *, stream: bool = False, tool_calls: int = 2,
-    model: str = "claude-opus-5-5", max_turns: int = 10,
+    model: str = "claude-opus-5-5", max_turns: int = 10, tools: list[dict[str, Any]] | None = None,
+    tool_impl: ToolImpl = weather_tool, system: str | None = None, api_key: str = "not-needed",
+    timeout: float = 60,
 ) -> Outcome:
-    """The same loop over Anthropic Messages (the Claude Code wire format), via the Anthropic SDK."""
+    """The same loop over Anthropic Messages (the Claude Code wire format), via the Anthropic SDK.
+
+    ``tools`` are Anthropic tool definitions (default: the weather tool), run by ``tool_impl``.
+    """
     import anthropic
 
-    client = anthropic.AsyncAnthropic(base_url=base_url, api_key="not-needed", max_retries=0, timeout=60)
-    tool = {"name": "get_weather", "description": "Current weather for a city",
-            "input_schema": WEATHER_TOOL["function"]["parameters"]}
-    system = [{"type": "text", "text": f"You are a helpful agent. #tool-calls={tool_calls}",
-               "cache_control": {"type": "ephemeral"}}]
+    client = anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout)
+    offered = tools if tools is not None else [{"name": "get_weather", "description": "Current weather for a city",
+                                                "input_schema": WEATHER_TOOL["function"]["parameters"]}]
+    system_blocks = [{"type": "text", "text": system if system is not None else
+                      f"You are a helpful agent. #tool-calls={tool_calls}", "cache_control": {"type": "ephemeral"}}]
     messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": task}]}]
     outcome = Outcome(rollout_id, messages=messages)
     try:
         for _ in range(max_turns):
-            kwargs = dict(model=model, max_tokens=512, system=system, tools=[tool], messages=messages)
+            kwargs = dict(model=model, max_tokens=512, system=system_blocks, tools=offered, messages=messages)
             if stream:
                 async with client.messages.stream(**kwargs) as s:
                     final = await s.get_final_message()
@@ -147,13 +163,15 @@ async def run_anthropic_rollout(
                 return outcome
             results = []
             for use in uses:
-                result = weather_tool(use.name, dict(use.input), len(outcome.tool_results))
+                result = tool_impl(use.name, dict(use.input), len(outcome.tool_results))
                 outcome.tool_results.append(result)
                 results.append({"type": "tool_result", "tool_use_id": use.id, "content": result})
             messages.append({"role": "user", "content": results})
         outcome.error = f"no final answer after {max_turns} turns"
+        outcome.turns_exhausted = True
     except anthropic.APIError as exc:
         outcome.error = f"{type(exc).__name__}: {exc}"
+        outcome.timed_out = isinstance(exc, anthropic.APITimeoutError)
     finally:
         await client.close()
     return outcome

@@ -60,6 +60,8 @@ class LocalStack:
     upstream_url: str | None = None  # a running engine (real vLLM) instead of a spawned `tokentrail policy`
     interceptor_in_engine: bool = False  # the engine runs the interceptor as middleware: spawn none
     rollout_secret: str | None = None  # TOKENTRAIL_ROLLOUT_SECRET of the interceptor: harnesses need rollout tokens
+    sink: str = "jsonl"  # the consumer's sink: "jsonl" (rollouts_path) or "kafka" (the prefixed rebuilt topic)
+    die_with_parent: bool = False  # services get SIGTERM when this process dies (kill -9 included)
     services: dict[str, Service] = field(default_factory=dict)
 
     @property
@@ -94,9 +96,10 @@ class LocalStack:
                                     str(self.run_dir / "processor"), "--app-id", self.processor_id, *prefix,
                                     "--log-level", "INFO")
             self._wait_line(processor, "Worker ready", timeout=90)
-            self._spawn("consumer", "consume", "--bootstrap", self.bootstrap, "--sink", "jsonl", "--sink-path",
-                        str(self.rollouts_path), "--group-id", f"{self.processor_id}-consumer", *prefix,
-                        *self.consumer_args)
+            sink = ("--sink", "jsonl", "--sink-path", str(self.rollouts_path)) if self.sink == "jsonl" else \
+                ("--sink", self.sink)
+            self._spawn("consumer", "consume", "--bootstrap", self.bootstrap, *sink,
+                        "--group-id", f"{self.processor_id}-consumer", *prefix, *self.consumer_args)
         except BaseException:
             self.stop()
             raise
@@ -186,6 +189,7 @@ class LocalStack:
             [sys.executable, "-m", "compose.cli", *argv],
             stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            preexec_fn=_die_with_parent if self.die_with_parent else None,
         )
         handle.close()
         service = Service(name, proc, log)
@@ -236,6 +240,13 @@ def _terminate(proc: subprocess.Popen, grace: float = 10.0) -> None:
         proc.wait()
     except ProcessLookupError:
         pass
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the spawning thread's process dies (PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
 
 
 def _free_port() -> int:
