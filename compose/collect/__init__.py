@@ -1,0 +1,1 @@
+"""``tokentrail collect``: drive harnesses over a task set, verify the answers, deliver rewarded rollouts."""
