@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("compose.replay_cli", "explain why rollouts were masked, from the event log"),
     "topics": ("compose.topics_cli", "create the tokentrail topics on a broker"),
     "demo": ("compose.demo", "bring the stack up, run sample rollouts, print the table"),
+    "collect": ("compose.collect.cli", "run a harness over a task set, verify, deliver rewarded rollouts"),
     "bench": ("compose.bench", "run a benchmark that prints figures"),
 }
 

@@ -1,0 +1,91 @@
+"""``tokentrail collect --local``: the whole stack on this machine for the length of a run.
+
+A Kafka broker from the Maven jars (unless ``--bootstrap`` names one), the engine (the
+reference policy server, or real vLLM's CPU build with ``--engine vllm``), the
+interceptor (requiring rollout tokens), the Faust processor and a consumer delivering to
+the rebuilt topic, all as child processes under ``<out>.local/``.
+
+Resumable like the run itself: the topic prefix, the processor's id and state directory
+and the broker's log are derived from the run id and kept (the broker is stopped with
+its data), so a re-run of the same command comes back to the same events and state and
+finds the records of rollouts finished before it was stopped. Services die with the
+collector (``kill -9`` included), so a killed run leaves no stack behind but the broker,
+which a re-run takes up again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from schemas.topics import TopicNames, topic_names
+
+__all__ = ["StackAddress", "local_stack", "remote_stack"]
+
+
+@dataclass(frozen=True)
+class StackAddress:
+    bootstrap: str
+    interceptor_url: str
+    topics: TopicNames
+    rollout_secret: str | None
+
+    def capture_root(self, rollout_id: str) -> str:
+        return f"{self.interceptor_url.rstrip('/')}/ng-rollout/{rollout_id}/training-token-capture"
+
+    def api_key(self, rollout_id: str) -> str:
+        if self.rollout_secret is None:
+            return "not-needed"
+        from schemas.rollout_tokens import rollout_token
+
+        return rollout_token(self.rollout_secret, rollout_id)
+
+
+def remote_stack(bootstrap: str, interceptor_url: str, topic_prefix: str, rollout_secret: str | None) -> StackAddress:
+    return StackAddress(bootstrap, interceptor_url, topic_names(topic_prefix), rollout_secret)
+
+
+@contextlib.contextmanager
+def local_stack(root: Path, run_id: str, *, engine: str, harness: str, bootstrap: str | None) -> Iterator[StackAddress]:
+    """Bring the stack up under ``root``; tear it down (the broker's data kept) on exit."""
+    from compose.kafka_broker import ensure_jars, restart_broker, start_broker, stop_broker
+    from compose.kafka_broker import broker_status
+    from compose.stack import LocalStack
+
+    root = root.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    broker_dir = root / "kafka"
+    started_broker = False
+    if bootstrap is None:
+        ensure_jars()
+        kept = (broker_dir / "data").exists() and broker_status(broker_dir) is not None
+        info = restart_broker(broker_dir) if kept else start_broker(broker_dir)
+        bootstrap, started_broker = info.bootstrap, True
+    secret_file = root / "rollout-secret"
+    if not secret_file.exists():
+        secret_file.write_text(secrets.token_hex(24))
+    secret = secret_file.read_text().strip()
+    engine_cm = contextlib.nullcontext(None)
+    if engine == "vllm":
+        from compose.vllm_engine.engine import VllmEngine
+
+        engine_cm = VllmEngine(root / "vllm")
+    # The harness CLIs send ~50 KB of system prompt and tools: the reference server's
+    # word-level tokenizer needs a long context for them (vLLM keeps its own).
+    policy_args = ("--max-model-len", "262144") if harness in ("claude-code", "codex") else ()
+    try:
+        with engine_cm as running_engine:
+            stack = LocalStack(bootstrap, root / "stack", topic_prefix=f"collect-{run_id}.",
+                               processor_id=f"collect-{run_id}", policy_args=policy_args,
+                               upstream_url=None if running_engine is None else running_engine.url,
+                               rollout_secret=secret, sink="kafka", die_with_parent=True)
+            with stack:
+                print(f"local stack: kafka {bootstrap}, engine {stack.upstream_kind} {stack.policy_url}, "
+                      f"interceptor {stack.interceptor_url}, logs {root / 'stack'}", flush=True)
+                yield StackAddress(bootstrap, stack.interceptor_url, stack.topics, secret)
+    finally:
+        if started_broker:
+            stop_broker(broker_dir, keep_data=True)
