@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install jars claude-code codex vllm demo why test test-unit test-integration imports bench clean
+.PHONY: install jars claude-code codex vllm demo demo-collect why test test-unit test-integration imports bench clean
 
 install: $(VENV)/.installed
 
@@ -42,6 +42,17 @@ $(VLLM_VENV)/.installed: compose/vllm_engine/requirements.lock pyproject.toml
 
 demo: install jars
 	$(BIN)/tokentrail demo
+
+# `tokentrail collect` with the real Claude Code CLI on 4 tasks of the shipped reasoning set (2 samples
+# each) through a local stack: prints each rollout's reward beside its mask_sample, then the summary.
+# COLLECT_ENGINE=vllm serves real vLLM's CPU build (`make vllm`) instead of the reference server.
+COLLECT_ENGINE ?= reference
+COLLECT_OUT := .tokentrail/demo-collect
+demo-collect: install jars claude-code
+	rm -rf $(COLLECT_OUT)
+	$(BIN)/tokentrail collect --local --engine $(COLLECT_ENGINE) --harness claude-code \
+		--tasks compose/collect/data/reasoning.jsonl --limit 4 --samples 2 --concurrency 2 \
+		--out $(COLLECT_OUT)/results.jsonl
 
 # Why was the demo's broken rollout masked? Replays it from the demo's kept Kafka log.
 why: install
