@@ -81,6 +81,16 @@ class _CliHarness:
         self._live: set[int] = set()
         self._lock = threading.Lock()
 
+    def check(self) -> None:
+        """The pinned CLI, installed if needed (npm), once, before any rollout runs."""
+        try:
+            self.binary = self._install()
+        except TokentrailError as exc:
+            raise ConfigError(f"--harness {self.name} cannot run here: {exc}") from exc
+
+    def _install(self) -> Path:
+        raise NotImplementedError
+
     def _spawned(self, pgid: int) -> None:
         with self._lock:
             self._live.add(pgid)
@@ -114,13 +124,10 @@ def _exit_failure(returncode: int | None, timed_out: bool, timeout: float, stder
 class ClaudeCodeHarness(_CliHarness):
     name = "claude-code"
 
-    def check(self) -> None:
+    def _install(self) -> Path:
         from compose.claude_code import ensure_claude_code
 
-        try:
-            self.binary = ensure_claude_code()
-        except TokentrailError as exc:
-            raise ConfigError(f"--harness claude-code cannot run here: {exc}") from exc
+        return ensure_claude_code()
 
     def _run(self, attempt: Attempt) -> HarnessOutcome:
         from compose.claude_code import run_claude_code
@@ -153,13 +160,10 @@ class ClaudeCodeHarness(_CliHarness):
 class CodexHarness(_CliHarness):
     name = "codex"
 
-    def check(self) -> None:
+    def _install(self) -> Path:
         from compose.codex import ensure_codex
 
-        try:
-            self.binary = ensure_codex()
-        except TokentrailError as exc:
-            raise ConfigError(f"--harness codex cannot run here: {exc}") from exc
+        return ensure_codex()
 
     def _run(self, attempt: Attempt) -> HarnessOutcome:
         from compose.codex.runner import API_KEY_ENV, PROVIDER_ID, run_codex

@@ -33,7 +33,7 @@ from typing import Any
 
 from schemas.errors import ConfigError
 
-__all__ = ["Journal", "JournalError", "AttemptEntry", "RunHeader", "rollout_ids", "job_key", "now_ms"]
+__all__ = ["Journal", "JournalError", "AttemptEntry", "RunHeader", "rollout_ids", "job_key", "now_ms", "append_line"]
 
 
 class JournalError(ConfigError):
@@ -152,13 +152,18 @@ class Journal:
                                "damaged: restore it or use another --out") from None
 
     def _append(self, record: dict[str, Any]) -> None:
-        data = (json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        append_line(self.path, record)
+
+
+def append_line(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON line and ``fsync`` it: durable when this returns (the journal's and the rows' write)."""
+    data = (json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _read_lines(path: Path) -> list[dict[str, Any]]:

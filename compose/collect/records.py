@@ -36,7 +36,6 @@ class RebuiltRecords:
     def __init__(self, bootstrap: str, topic: str, *, from_ms: int, timeout_s: float = 30.0) -> None:
         self.topic = topic
         self.undecodable = 0
-        self.redelivered = 0
         self._records: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -98,7 +97,5 @@ class RebuiltRecords:
                             msg.offset(), exc)
                 continue
             with self._lock:
-                if record["rollout_id"] in self._records:
-                    self.redelivered += 1  # at-least-once on the topic: the first delivery stands
-                else:
-                    self._records[record["rollout_id"]] = record
+                # At-least-once on the topic: the first delivery of a rollout stands.
+                self._records.setdefault(record["rollout_id"], record)

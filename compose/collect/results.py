@@ -20,10 +20,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from compose.collect.journal import append_line
 from compose.collect.outcome import Failure
 from schemas.errors import ConfigError
 
-__all__ = ["ResultsFile", "success_row", "failure_row", "append_line"]
+__all__ = ["ResultsFile", "success_row", "failure_row"]
 
 
 def _base(*, run_id: str, key: str, task_id: str, sample: int, group_id: str, attempt: int, rollout_id: str,
@@ -57,17 +58,6 @@ def failure_row(failure: Failure, *, attempts: int, final_text: str | None = Non
         "terminal": failure.terminal, "attempts": attempts,
     })
     return row
-
-
-def append_line(path: Path, record: dict[str, Any]) -> None:
-    """Append one JSON line and ``fsync`` it."""
-    data = (json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class ResultsFile:

@@ -28,15 +28,14 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from compose.collect.harnesses import Attempt, Harness
-from compose.collect.journal import AttemptEntry, Journal, job_key, rollout_ids
+from compose.collect.journal import AttemptEntry, Journal, append_line, job_key, rollout_ids
 from compose.collect.local import StackAddress
 from compose.collect.outcome import Failure, FailureClass, HarnessOutcome
 from compose.collect.records import RebuiltRecords
-from compose.collect.results import ResultsFile, append_line, failure_row, success_row
+from compose.collect.results import ResultsFile, failure_row, success_row
 from compose.collect.settings import CollectSettings
 from compose.collect.summary import Summary, summarize
 from compose.collect.tasks import Task

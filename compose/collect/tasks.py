@@ -9,7 +9,7 @@ Guarantees:
   unique in a file; a duplicate names both lines.
 * Native rows: ``id``, ``prompt``, ``answer``, optional ``verifier``, ``choices``, ``tools``, ``files``,
   ``metadata``, ``_ng_rollout_id``; any other key is refused. NeMo Gym rows (with
-  ``responses_create_params``; see ``_gym_fields``) keep every key they do not map in metadata.
+  ``responses_create_params``; see ``compose.collect.task_rows.gym_fields``) keep every key they do not map in metadata.
 * NaN, Infinity, numbers that overflow to infinity and duplicate keys are refused.
 * ``tasks_digest``: SHA-256 over a canonical JSON of the tasks' content (sorted keys, tasks ordered by
   id, no line numbers), equal in every process. Moving rows or adding blank lines keeps it; changing
@@ -29,7 +29,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schemas.errors import ConfigError, ContractError
+from compose.collect.task_rows import TaskError, shown
+from compose.collect.task_rows import field_error as _fail
+from compose.collect.task_rows import gym_fields as _gym_fields
+from compose.collect.task_rows import json_object as _object
+from schemas.errors import ContractError
 from schemas.ids import validate_rollout_id
 
 __all__ = ["Task", "VerifierSpec", "TaskError", "load_tasks", "tasks_digest", "shown", "KINDS", "TASK_ID_RULE",
@@ -47,13 +51,7 @@ _SPEC_KEYS = ("kind", "tolerance", "rel_tolerance", "choices", "target", "case_s
 # The fields each kind reads; any other given field is a mistake (e.g. a tolerance on an exact task).
 _APPLIES = {"exact": {"case_sensitive"}, "numeric": {"tolerance", "rel_tolerance"},
             "choice": {"choices", "case_sensitive"}, "custom": set(_SPEC_KEYS)}
-_GYM_ANSWER_KEYS = ("expected_answer", "answer", "ground_truth")
-# The keys of a Gym row read as task fields; any other key of the row is kept in metadata.
-_GYM_OWN = ("id", "responses_create_params", "verifier_metadata", "verifier", "files", "metadata", "_ng_rollout_id")
 
-
-class TaskError(ConfigError):
-    """A task file is unreadable or a row is invalid; the message names path:line, the field and the fix."""
 
 
 @dataclass(frozen=True)
@@ -95,19 +93,6 @@ class Task:
         return {"id": self.id, "prompt": self.prompt, "answer": self.answer, "verifier": self.verifier.to_json(),
                 "tools": list(self.tools), "files": self.files, "metadata": self.metadata,
                 "rollout_id": self.rollout_id}
-
-
-def shown(value: object, limit: int = 60) -> str:
-    """A value for an error message: its JSON, cut to ``limit`` characters and the length when longer."""
-    try:
-        text = json.dumps(value, ensure_ascii=False)
-    except Exception:  # not JSON (a custom verifier's return value): object's own repr, which cannot fail
-        text = object.__repr__(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-def _fail(loc: str, field_name: str, value: object, problem: str, fix: str) -> TaskError:
-    return TaskError(f"{loc}: field {field_name!r} {problem}, got {shown(value)}. Fix: {fix}")
 
 
 def _is_number(value: object) -> bool:
@@ -206,12 +191,6 @@ def _task(loc: str, line: int, row: dict[str, Any]) -> Task:
                 line=line)
 
 
-def _object(loc: str, name: str, value: object) -> dict:
-    if value is not None and not isinstance(value, dict):
-        raise _fail(loc, name, value, "must be a JSON object", f"give {name} as {{...}} or leave it out")
-    return value or {}
-
-
 def _files(loc: str, value: object) -> dict[str, str]:
     files = _object(loc, "files", value)
     for rel, content in files.items():
@@ -294,56 +273,3 @@ def _check_answer(loc: str, spec: VerifierSpec, answer: object) -> None:
         if not ok:
             raise _fail(loc, "answer", answer, f"must be {want}, or a list of them, for the {spec.kind!r} verifier",
                         "correct the answer, or choose the verifier kind that fits it")
-
-
-def _gym_fields(loc: str, line: int, row: dict[str, Any]) -> dict[str, Any]:
-    """A NeMo Gym row in the native field names.
-
-    prompt: ``responses_create_params.input`` (a string, or its last user message's text); tools: its
-    ``tools``; answer: ``verifier_metadata``'s ``expected_answer``, else ``answer``, else ``ground_truth``;
-    id: the row's, else ``verifier_metadata.id``, else ``row<line>``; ``verifier_metadata.options`` or
-    ``choices`` (a list) makes a choice task. The rest of ``verifier_metadata``, the row's other keys
-    and ``responses_create_params``' other fields (under that name) go into metadata.
-    """
-    params = _object(loc, "responses_create_params", row["responses_create_params"])
-    meta = dict(_object(loc, "verifier_metadata", row.get("verifier_metadata")))
-    answer_key = next((k for k in _GYM_ANSWER_KEYS if meta.get(k) is not None), None)
-    answer = meta.pop(answer_key) if answer_key else None
-    task_id = row["id"] if row.get("id") is not None else meta.pop("id") if meta.get("id") is not None else f"row{line}"
-    if isinstance(task_id, int) and not isinstance(task_id, bool):
-        task_id = str(task_id)  # Gym data sets number their rows
-    if not isinstance(task_id, str):
-        raise _fail(loc, "id", task_id, "must be a string or an integer", "give the row an id")
-    fields: dict[str, Any] = {"id": task_id, "prompt": _gym_prompt(loc, params.get("input")), "answer": answer,
-                              "tools": params.get("tools"), "verifier": row.get("verifier"), "files": row.get("files"),
-                              "_ng_rollout_id": row.get("_ng_rollout_id")}
-    options_key = next((k for k in ("options", "choices") if isinstance(meta.get(k), list)), None)
-    if options_key:
-        # Gym's multiple-choice sets write options as ["text", ...] or [{"A": "text"}, ...].
-        fields["choices"] = [next(iter(o.values())) if isinstance(o, dict) and len(o) == 1 else o
-                             for o in meta.pop(options_key)]
-    # What the row carries beyond the task goes into metadata, never dropped; a clash is refused.
-    metadata = dict(_object(loc, "metadata", row.get("metadata")))
-    rest = {k: v for k, v in params.items() if k not in ("input", "tools")}
-    extra = {k: v for k, v in row.items() if k not in _GYM_OWN}
-    for source in (meta, extra, {"responses_create_params": rest} if rest else {}):
-        for key, value in source.items():
-            if key in metadata:
-                raise _fail(loc, key, value, "appears twice (verifier_metadata, metadata or the row)",
-                            "keep one of them")
-            metadata[key] = value
-    fields["metadata"] = metadata
-    return fields
-
-
-def _gym_prompt(loc: str, given: object) -> str:
-    value = given
-    if isinstance(value, list):  # a conversation: the text of its last user message
-        value = next((m for m in reversed(value) if isinstance(m, dict) and m.get("role") == "user"), {}).get("content")
-        if isinstance(value, list):
-            value = "\n".join(p["text"] for p in value if isinstance(p, dict)
-                              and p.get("type") in ("input_text", "text") and isinstance(p.get("text"), str))
-    if isinstance(value, str) and value.strip():
-        return value
-    raise _fail(loc, "responses_create_params.input", given, "must be a string, or a list whose last user message "
-                "has text", 'e.g. "What is 2+2?" or [{"role": "user", "content": "What is 2+2?"}]')

@@ -9,6 +9,7 @@ missing engine fails the run instead of passing it silently.
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Iterator
 
@@ -44,3 +45,29 @@ def stack(kafka_bootstrap, tmp_path_factory, upstream):
     with LocalStack(kafka_bootstrap, tmp_path_factory.mktemp("stack"), topic_prefix=f"it{tag}.",
                     processor_id=f"it{tag}", upstream_url=upstream) as running:
         yield running
+
+
+def _pinned_cli(ensure, unavailable: type[Exception], what: str):
+    """The pinned harness CLI, installed from npm if needed; skipped when npm is missing."""
+    try:
+        return ensure()  # no npm needed when the pinned CLI is already installed
+    except unavailable:
+        if shutil.which("npm") is None:
+            pytest.skip(f"npm is not installed: the {what} CLI comes from the npm registry")
+        raise
+
+
+@pytest.fixture(scope="module")
+def claude():
+    """The real Claude Code CLI's binary (``make claude-code``)."""
+    from compose.claude_code import ClaudeCodeUnavailable, ensure_claude_code
+
+    return _pinned_cli(ensure_claude_code, ClaudeCodeUnavailable, "Claude Code")
+
+
+@pytest.fixture(scope="module")
+def codex():
+    """The real Codex CLI's binary (``make codex``)."""
+    from compose.codex import CodexUnavailable, ensure_codex
+
+    return _pinned_cli(ensure_codex, CodexUnavailable, "Codex")

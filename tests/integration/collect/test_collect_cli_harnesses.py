@@ -11,7 +11,6 @@ chain), and no harness process outlives the killed collector.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
 import pytest
@@ -21,27 +20,6 @@ from tests.integration.collect.conftest import (collect_argv, kill, processes_un
 from tests.integration.engines import assert_one_token_exact_chain
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
-
-
-@pytest.fixture(scope="module")
-def claude():
-    from compose.claude_code import ensure_claude_code
-
-    if shutil.which("npm") is None:
-        pytest.skip("npm is not installed: the Claude Code CLI comes from the npm registry")
-    return ensure_claude_code()
-
-
-@pytest.fixture(scope="module")
-def codex():
-    from compose.codex import CodexUnavailable, ensure_codex
-
-    try:
-        return ensure_codex()
-    except CodexUnavailable:
-        if shutil.which("npm") is None:
-            pytest.skip("npm is not installed: the Codex CLI comes from the npm registry")
-        raise
 
 
 def _check_rows(stack, out, expected_keys: set[str]) -> list[dict]:

@@ -4,7 +4,6 @@ tool-using session is captured, rebuilt as one unmasked chain, and is token-exac
 
 from __future__ import annotations
 
-import shutil
 import uuid
 
 import pytest
@@ -16,15 +15,6 @@ from tests.integration.engines import assert_one_token_exact_chain, require_vllm
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 # The interceptor requires rollout tokens (TOKENTRAIL_ROLLOUT_SECRET); each run sends its own as its API key.
 ROLLOUT_SECRET = "e2e-rollout-secret-0123456789abcdef"
-
-
-@pytest.fixture(scope="module")
-def claude():
-    from compose.claude_code import ensure_claude_code
-
-    if shutil.which("npm") is None:
-        pytest.skip("npm is not installed: the Claude Code CLI comes from the npm registry")
-    return ensure_claude_code()
 
 
 @pytest.fixture(scope="module")

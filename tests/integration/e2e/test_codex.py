@@ -5,7 +5,6 @@ as one unmasked chain, and is token-exact under re-scoring."""
 
 from __future__ import annotations
 
-import shutil
 import uuid
 
 import pytest
@@ -14,19 +13,6 @@ from compose.stack import LocalStack
 from tests.integration.engines import assert_one_token_exact_chain
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
-
-
-@pytest.fixture(scope="module")
-def codex():
-    from compose.codex import CodexUnavailable, ensure_codex
-
-    try:
-        return ensure_codex()  # no npm needed when the pinned CLI is already installed
-    except CodexUnavailable:
-        if shutil.which("npm") is None:
-            pytest.skip("npm is not installed: the Codex CLI comes from the npm registry "
-                        "(`make codex` = `python -m compose.codex install`)")
-        raise
 
 
 @pytest.fixture(scope="module")

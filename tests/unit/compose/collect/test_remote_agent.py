@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import socket
 import subprocess
@@ -15,7 +14,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -26,6 +24,7 @@ from compose.collect.outcome import FailureClass
 from compose.collect.remote_agent import RemoteAgent, drive
 from compose.collect.tools import ToolSet
 from schemas.errors import ConfigError
+from tests.unit.compose.asgi_server import serve
 
 API_KEY = "sk-rollout-secret"
 
@@ -66,23 +65,6 @@ class Recording(httpx.AsyncHTTPTransport):
 
     def bodies(self) -> list[dict]:
         return [json.loads(r.content) for r in self.requests]
-
-
-@contextlib.asynccontextmanager
-async def serve(app) -> AsyncIterator[str]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off", timeout_graceful_shutdown=2))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    for _ in range(500):
-        if server.started:
-            break
-        await asyncio.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        await task
 
 
 def model_app(calls: list[dict]) -> Starlette:

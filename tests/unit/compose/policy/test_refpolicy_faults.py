@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import socket
 
 import httpx
 import pytest
-import uvicorn
 
 from compose.policy import PolicySettings, create_app
 from compose.policy import template
 from compose.policy.server import StalledStreamAborted
 from compose.policy.testkit import BASH, TOOLS, chat, chat_stream, echo, parse_sse, tool_results, user_turn
 from compose.policy.tokenizer import get_tokenizer
+from tests.unit.compose.asgi_server import serve
 
 TOK = get_tokenizer()
 
@@ -78,21 +76,8 @@ async def test_stall_with_timeout_aborts_in_process():
 
 @contextlib.asynccontextmanager
 async def served(settings: PolicySettings):
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(create_app(settings), log_level="critical", lifespan="off",
-                            timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    for _ in range(500):
-        if server.started:
-            break
-        await asyncio.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        await task
+    async with serve(create_app(settings)) as url:
+        yield url
 
 
 async def read_events(response: httpx.Response, into: list[str]) -> None:
