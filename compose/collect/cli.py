@@ -109,6 +109,8 @@ def _run(settings) -> int:
 
     # Everything that can be refused is checked before a process starts or a file is written.
     tasks = load_tasks(settings.tasks)
+    # The run is its task file: --limit selects from it, so a re-run with a larger --limit extends the run.
+    digest = tasks_digest(tasks)
     if settings.limit is not None:
         tasks = tasks[: settings.limit]
     verifiers = check_verifiers(tasks)
@@ -117,7 +119,7 @@ def _run(settings) -> int:
     harness = make_harness(settings)
     settings.out.parent.mkdir(parents=True, exist_ok=True)
     fresh = RunHeader(run_id=settings.run_id or f"c{time.strftime('%m%d%H%M')}{secrets.token_hex(2)}",
-                      harness=settings.harness, samples=settings.samples, tasks_digest=tasks_digest(tasks),
+                      harness=settings.harness, samples=settings.samples, tasks_digest=digest,
                       started_ms=now_ms())
     journal = Journal.open(settings.journal_path, fresh if settings.run_id or not settings.journal_path.exists()
                            else _keep_id(fresh, settings.journal_path))

@@ -109,6 +109,7 @@ class Collector:
         self.written = 0
         self.stopping = False
         self._bar = None
+        self._totals: tuple[int, float, int, int] = (0, 0.0, 0, 0)  # rows, reward sum, masked, failed
 
     # -- the run -------------------------------------------------------------------------
     def jobs(self) -> list[_Job]:
@@ -128,6 +129,8 @@ class Collector:
         jobs = self.jobs()
         self.results.compact([j.key for j in jobs if self._retried(j)])
         pending = [j for j in jobs if j.key not in self.results.rows]
+        for row in self.results.rows.values():
+            self._tally(row)
         if self.finisher is None:
             self.finisher = KafkaFinisher(self.stack)
         if self.s.wait_records and self.records is None:
@@ -282,12 +285,17 @@ class Collector:
     def _row(self, row: dict[str, Any]) -> None:
         self.results.append(row)
         self.written += 1
+        self._tally(row)
         if self._bar is not None:
-            rows = list(self.results.rows.values())
-            self._bar.set_postfix_str(f"reward {sum(r['reward'] for r in rows) / len(rows):.2f}, "
-                                      f"masked {sum(1 for r in rows if r.get('mask_sample'))}, "
-                                      f"failed {sum(1 for r in rows if r.get('failure_class'))}", refresh=False)
+            n, reward, masked, failed = self._totals
+            self._bar.set_postfix_str(f"reward {reward / n:.2f}, masked {masked}, failed {failed}", refresh=False)
             self._bar.update(1)
+
+    def _tally(self, row: dict[str, Any]) -> None:
+        # Running totals for the bar: a row is tallied once (a key's row is written once per run).
+        n, reward, masked, failed = self._totals
+        self._totals = (n + 1, reward + float(row["reward"]), masked + bool(row.get("mask_sample")),
+                        failed + bool(row.get("failure_class")))
 
 
 def _progress(total: int, initial: int, *, enabled: bool):

@@ -113,3 +113,15 @@ def test_local_brings_the_stack_up_for_a_run(tmp_path):
     got = rows(out)
     assert len(got) == 4 and all(r["failure_class"] is None and r["mask_sample"] is False for r in got), got
     assert "local stack: kafka" in done.stdout and "collect: 4/4 rollouts" in done.stdout
+
+
+def test_a_larger_limit_extends_the_run(collect_stack, agent_service, tmp_path):
+    second = dict(SUM_TASK, id="file-sum-2", files={"numbers.txt": "10\n20\n"}, answer=30)
+    out = tmp_path / "results.jsonl"
+    argv = collect_argv(collect_stack, _tasks(tmp_path, SUM_TASK, second), out, "remote", "--agent-url", agent_service)
+    assert run_collect(argv + ["--limit", "1"]).returncode == 0
+    (first,) = rows(out)
+    done = run_collect(argv + ["--limit", "2"])
+    assert done.returncode == 0 and "(resumed)" in done.stdout, done.stdout + done.stderr
+    got = {r["task_id"]: r for r in rows(out)}
+    assert got["file-sum"] == first and got["file-sum-2"]["reward"] == 1.0
