@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install jars claude-code codex vllm demo demo-collect why test test-unit test-integration imports bench clean
+.PHONY: install jars claude-code codex vllm demo demo-collect why test test-unit test-integration fuzz imports bench clean
 
 install: $(VENV)/.installed
 
@@ -68,6 +68,12 @@ test-unit: install
 
 test-integration: install jars vllm
 	$(BIN)/pytest -q -ra tests/integration
+
+# The fuzz tier at full size: 10,000 Hypothesis examples per fuzz test (make test runs 200 each),
+# then the counts of what every input became (TOKENTRAIL_FUZZ_EXAMPLES to change it).
+FUZZ_EXAMPLES ?= 10000
+fuzz: install
+	TOKENTRAIL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -q -m fuzz $(PYTEST_ARGS)
 
 # The import contracts of pyproject.toml ([tool.importlinter]) alone; `make test` runs them
 # too (tests/unit/test_architecture.py).

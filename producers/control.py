@@ -17,6 +17,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from producers.dialects.common import json_type
 from producers.events import make_event
 from producers.finish import finish_request_body
 from producers.http import error_response, json_response
@@ -28,6 +29,7 @@ from schemas.ids import validate_rollout_id
 __all__ = ["POLICY_VERSION_PATH", "handle_control"]
 
 POLICY_VERSION_PATH = "/tokentrail/admin/policy-version"
+MAX_POLICY_VERSION_CHARS = 256  # a label (a step, a checkpoint name), never a payload
 
 
 async def handle_control(svc: CaptureServices, request: Request, path: str, raw_path: bytes | None) -> Response:
@@ -46,6 +48,14 @@ async def handle_control(svc: CaptureServices, request: Request, path: str, raw_
             version = orjson.loads(await request.body())["version"]
         except (ValueError, KeyError, TypeError):
             return error_response(400, 'body must be {"version": "<policy version>"}', "invalid_request_error")
+        # A label, as the engine reports one: a string or an integer (a step), or null to clear it.
+        # Anything else was stored as its Python repr (a nested one overflowed the stack on the way).
+        if not (version is None or (isinstance(version, (str, int)) and not isinstance(version, bool))) \
+                or len(str(version)) > MAX_POLICY_VERSION_CHARS:
+            return error_response(400, f"field 'version' must be a string or an integer of at most "
+                                       f"{MAX_POLICY_VERSION_CHARS} characters, or null, got {json_type(version)}"
+                                       f"{'' if isinstance(version, (dict, list)) else ' ' + repr(version)[:80]}",
+                                  "invalid_request_error")
         svc.core.admin_policy_version = None if version is None else str(version)
         return json_response({"policy_version": svc.core.admin_policy_version})
     return error_response(404, f"no control route {request.method} {path!r}", "not_found")

@@ -37,6 +37,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "real_broker: needs a real Kafka broker; skipped, with the reason shown, "
         "when the session runs on the librdkafka mock")
+    config.addinivalue_line(
+        "markers", "fuzz: property-based fuzzing (tests/fuzzing.py); TOKENTRAIL_FUZZ_EXAMPLES each, "
+        "200 in make test, 10,000 in make fuzz")
 
 
 @pytest.fixture(scope="session")
@@ -84,6 +87,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    from tests.fuzzing import COUNTS, fuzz_examples
+
+    if COUNTS:
+        terminalreporter.write_sep("-", f"fuzz counts ({fuzz_examples()} examples per test)")
+        for test, outcomes in sorted(COUNTS.items()):
+            total = sum(outcomes.values())
+            parts = ", ".join(f"{outcome} {n}" for outcome, n in sorted(outcomes.items(), key=lambda kv: -kv[1]))
+            terminalreporter.write_line(f"{test}: {total} inputs: {parts}")
     broker: KafkaBroker | None = _SESSION["broker"]
     if broker is None:
         return

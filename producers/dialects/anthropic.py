@@ -44,6 +44,7 @@ from producers.dialects.common import (
     expect,
     expect_objects,
     join_text,
+    refuse_chat_tool_calls,
     shown,
 )
 
@@ -172,6 +173,7 @@ def _message(message: Any, i: int) -> list[dict]:
     if not isinstance(message, dict):
         raise DialectError(f"'{where}' must be a message object such as {{\"role\": \"user\", \"content\": \"...\"}}, "
                            f"got {shown(message)}")
+    refuse_chat_tool_calls(message, where, 'tool_use content blocks')
     role = message.get("role")
     if role == "assistant":
         return [_assistant(_blocks(message.get("content"), where), where)]

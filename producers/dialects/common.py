@@ -75,6 +75,14 @@ def shown(value: Any, limit: int = 60) -> str:
     return f"{json_type(value)} {text if len(text) <= limit else text[:limit - 3] + '...'}"
 
 
+def refuse_chat_tool_calls(item: dict, where: str, instead: str) -> None:
+    """A ``tool_calls`` key on a non-chat item is refused (400), never read: it is chat's field, and
+    lineage hashing (``schemas.hashing``, Gym-compatible) would read it as the item's tool calls."""
+    if "tool_calls" in item:
+        raise DialectError(f"'{where}.tool_calls' is not a field of this API (it is chat completions'); "
+                           f"send tool calls as {instead}, got {shown(item['tool_calls'])}")
+
+
 def expect(value: Any, kind: str, where: str, hint: str = "") -> Any:
     """``value`` when it is a JSON ``kind``; DialectError naming ``where``, the value and the fix otherwise."""
     if not is_kind(value, kind):

@@ -38,6 +38,7 @@ from producers.dialects.common import (
     expect,
     expect_objects,
     join_text,
+    refuse_chat_tool_calls,
     shown,
 )
 from producers.dialects.responses_output import from_chat_response
@@ -155,6 +156,7 @@ def _input_messages(items: list[dict]) -> list[dict]:
     for i, item in enumerate(items):
         where = f"input[{i}]"
         kind = _kind(item)
+        refuse_chat_tool_calls(item, where, "function_call items")
         if kind == "reasoning":
             flush()
             turn = {"reasoning": _reasoning_text(item, where), "content": None, "tool_calls": []}
