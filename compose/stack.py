@@ -146,15 +146,11 @@ class LocalStack:
 
     def capture_base_url(self, rollout_id: str) -> str:
         """What a harness gets as its OpenAI base URL for one rollout."""
-        return f"{self.interceptor_url}/ng-rollout/{rollout_id}/training-token-capture/v1"
+        return capture_root(self.interceptor_url, rollout_id) + "/v1"
 
     def api_key(self, rollout_id: str) -> str:
         """What a harness of ``rollout_id`` sends as its API key: its rollout token when the stack has a secret."""
-        if self.rollout_secret is None:
-            return "not-needed"
-        from schemas.rollout_tokens import rollout_token
-
-        return rollout_token(self.rollout_secret, rollout_id)
+        return harness_api_key(self.rollout_secret, rollout_id)
 
     def finish(self, rollout_id: str, result: Any, *, final_response_id: str | None = None,
                final_text: str | None = None) -> None:
@@ -227,6 +223,20 @@ class LocalStack:
 
     def _logs(self) -> str:
         return "\n".join(f"--- {s.name} ---\n{s.log_tail(15)}" for s in self.services.values())
+
+
+def capture_root(interceptor_url: str, rollout_id: str) -> str:
+    """The capture prefix of one rollout on an interceptor (a dialect's API path follows it)."""
+    return f"{interceptor_url.rstrip('/')}/ng-rollout/{rollout_id}/training-token-capture"
+
+
+def harness_api_key(rollout_secret: str | None, rollout_id: str) -> str:
+    """The API key a harness of ``rollout_id`` sends: its rollout token under a secret, else a dummy."""
+    if rollout_secret is None:
+        return "not-needed"
+    from schemas.rollout_tokens import rollout_token
+
+    return rollout_token(rollout_secret, rollout_id)
 
 
 def _terminate(proc: subprocess.Popen, grace: float = 10.0) -> None:

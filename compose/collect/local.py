@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from compose.stack import LocalStack, capture_root, harness_api_key
 from schemas.topics import TopicNames, topic_names
 
 __all__ = ["StackAddress", "local_stack", "remote_stack"]
@@ -34,14 +35,10 @@ class StackAddress:
     rollout_secret: str | None
 
     def capture_root(self, rollout_id: str) -> str:
-        return f"{self.interceptor_url.rstrip('/')}/ng-rollout/{rollout_id}/training-token-capture"
+        return capture_root(self.interceptor_url, rollout_id)
 
     def api_key(self, rollout_id: str) -> str:
-        if self.rollout_secret is None:
-            return "not-needed"
-        from schemas.rollout_tokens import rollout_token
-
-        return rollout_token(self.rollout_secret, rollout_id)
+        return harness_api_key(self.rollout_secret, rollout_id)
 
 
 def remote_stack(bootstrap: str, interceptor_url: str, topic_prefix: str, rollout_secret: str | None) -> StackAddress:
@@ -53,7 +50,6 @@ def local_stack(root: Path, run_id: str, *, engine: str, harness: str, bootstrap
     """Bring the stack up under ``root``; tear it down (the broker's data kept) on exit."""
     from compose.kafka_broker import ensure_jars, restart_broker, start_broker, stop_broker
     from compose.kafka_broker import broker_status
-    from compose.stack import LocalStack
 
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
