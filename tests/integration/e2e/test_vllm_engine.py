@@ -111,13 +111,17 @@ def test_a_pause_mid_stream_records_the_call_aborted_and_the_harness_can_retry(k
         rid = f"pause-{uuid.uuid4().hex[:6]}"
         client = openai.OpenAI(base_url=stack.capture_base_url(rid), api_key="unused", max_retries=0, timeout=120)
         stream = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "go"}],
-                                                max_tokens=4000, stream=True, extra_body={"ignore_eos": True})
+                                                # Long enough that the pause always lands mid-generation (4,000
+                                                # tokens were sometimes all generated before it arrived).
+                                                max_tokens=30000, stream=True, extra_body={"ignore_eos": True})
         chunks, error = 0, None
         paused = threading.Event()
         try:
             for _ in stream:
                 chunks += 1
-                if chunks == 5 and not paused.is_set():
+                # At the first chunk: the engine generates far ahead of what the client has read (the
+                # interceptor and the socket buffer chunks), so a pause sent later can find it finished.
+                if chunks == 1 and not paused.is_set():
                     threading.Thread(target=lambda: (httpx.post(f"{random_engine.url}/pause", timeout=30),
                                                      paused.set()), daemon=True).start()
         except openai.APIError as exc:
