@@ -17,13 +17,15 @@ import json
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from consumers.sinks.conformance import sample_rollout
 from consumers.gym.adapters import entry_to_call
 from consumers.sinks.stream import RolloutStream
 from consumers.sinks.kafka import KafkaSink
 from consumers.rebuild import rebuild, to_json_dict, to_json_line
-from consumers.rebuild.validity import checked_record, strict_loads
+from consumers.rebuild.validity import _holds_word, checked_record, strict_loads
 from consumers.sinks.plugin import JsonlSink
 from schemas.codec import decode_rebuilt
 from schemas.records import RolloutFinished
@@ -179,6 +181,21 @@ def test_a_foreign_record_with_non_finite_numbers_is_masked_by_the_renderer():
     assert [r["code"] for r in record["mask_reasons"]] == ["non_finite_log_prob", "non_finite_value", "invalid_record"]
     assert record["_ng_token_capture"]["delivered_fraction"] == 0.0
     assert record["_ng_token_capture"]["invalid_detail_json"] == "[1, 2]"
+
+
+@pytest.mark.parametrize("tail", ["NaN", "-Infinity", "Infinity"])
+def test_a_non_finite_word_after_near_misses_is_still_found(tail):
+    # The scan hops from one first letter to the next: decoys before the real word must not hide it.
+    text = '{"id": "N I Na Inf NNa IInfinit", "output": [{"generation_log_probs": [' + tail + "]}]}"
+    bad = dataclasses.replace(sample_rollout("foreign"), response_json=text)
+    record = strict(to_json_line(bad))
+    assert record["response"] is None and "non_finite_value" in [r["code"] for r in record["mask_reasons"]]
+
+
+@given(st.text(alphabet="NaIfinty0,", max_size=40))
+def test_the_word_scan_agrees_with_substring_search(text):
+    assert _holds_word(text, "NaN") == ("NaN" in text)
+    assert _holds_word(text, "Infinity") == ("Infinity" in text)
 
 
 def test_a_projection_that_is_not_json_is_withheld():
