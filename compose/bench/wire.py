@@ -25,6 +25,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     # (Claude Code's is ~15k tokens) and tool results of a few hundred tokens.
     parser.add_argument("--system-words", type=int, default=3000, help="size of the system prompt")
     parser.add_argument("--tool-output-words", type=int, default=150, help="size of each tool result")
+    parser.add_argument("--max-model-len", type=int, default=131072,
+                        help="the reference engine's context limit (long rollouts need room)")
 
 
 BUDGET_RATIO = 0.05
@@ -65,8 +67,8 @@ class _Recorder:
         return 0
 
 
-async def rollout_bytes(*, calls: int, delta: bool, tool_words: int,
-                        system_words: int) -> tuple[_Recorder, int, int]:
+async def rollout_bytes(*, calls: int, delta: bool, tool_words: int, system_words: int,
+                        max_model_len: int) -> tuple[_Recorder, int, int]:
     """(what was published, model calls made, final context tokens) of one rollout of up to ``calls`` calls."""
     import httpx
 
@@ -76,7 +78,7 @@ async def rollout_bytes(*, calls: int, delta: bool, tool_words: int,
     from producers.settings import InterceptorSettings
 
     recorder = _Recorder()
-    upstream = httpx.AsyncClient(base_url="http://policy", transport=httpx.ASGITransport(app=create_app()))
+    upstream = httpx.AsyncClient(base_url="http://policy", transport=httpx.ASGITransport(app=create_app(max_model_len=max_model_len)))
     app = Interceptor(InterceptorSettings(upstream_url="http://policy", bootstrap="unused:1", delta_records=delta),
                       publisher=recorder, upstream=upstream)  # type: ignore[arg-type]
     await app.startup()
@@ -106,7 +108,8 @@ async def rollout_bytes(*, calls: int, delta: bool, tool_words: int,
 
 
 def main(args: argparse.Namespace) -> int:
-    sizes = dict(calls=args.calls, tool_words=args.tool_output_words, system_words=args.system_words)
+    sizes = dict(calls=args.calls, tool_words=args.tool_output_words, system_words=args.system_words,
+                 max_model_len=args.max_model_len)
     full, calls, context = asyncio.run(rollout_bytes(delta=False, **sizes))
     delta, _, _ = asyncio.run(rollout_bytes(delta=True, **sizes))
     ratio = delta.bytes / full.bytes
