@@ -19,6 +19,7 @@ from producers import http
 from producers.capture import CaptureCore
 from producers.durable import DurableWriter
 from producers.engine_info import EngineCatalog, probe_prefix_supply
+from producers.engine_pool import linear_pool
 from producers.lineage_index import LineageIndex
 from producers.metrics import InterceptorMetrics
 from producers.publisher import KafkaPublisher
@@ -66,12 +67,12 @@ class CaptureServices:
 
 
 def engine_client(settings: InterceptorSettings) -> httpx.AsyncClient:
-    """The pooled client to the engine at ``settings.upstream_url``."""
-    return httpx.AsyncClient(
+    """The pooled client to the engine at ``settings.upstream_url`` (its pool bookkeeping linear: ``engine_pool``)."""
+    return linear_pool(httpx.AsyncClient(
         base_url=settings.upstream_url,
         timeout=httpx.Timeout(settings.engine_timeout_s, connect=10.0),  # a backstop: generation owns its deadlines
         limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
-    )
+    ))
 
 
 async def probe_prefix_supply_of(settings: InterceptorSettings, upstream: httpx.AsyncClient,
