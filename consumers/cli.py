@@ -37,6 +37,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-mask-fraction", type=float, help="stop when more than this fraction is masked")
     parser.add_argument("--mask-fraction-min-samples", type=int, default=50)
     parser.add_argument("--max-rollouts", type=int, help="stop after delivering this many rollouts")
+    parser.add_argument("--fetch-wait-ms", type=int, default=None, metavar="MS",
+                        help="longest fetch long-poll at the broker (default: ConsumerSettings.fetch_wait_ms)")
     add_topic_options(parser)
     parser.add_argument("--log-level", default="WARNING")
 
@@ -63,7 +65,8 @@ def main(args: argparse.Namespace) -> int:
                                     sink_kwargs=kwargs, project_response=not args.no_response, rules=rules,
                                     max_mask_fraction=args.max_mask_fraction,
                                     mask_fraction_min_samples=args.mask_fraction_min_samples, topics=topics,
-                                    topic_wait_s=args.topic_wait)
+                                    topic_wait_s=args.topic_wait,
+                                    **({} if args.fetch_wait_ms is None else {"fetch_wait_ms": args.fetch_wait_ms}))
     except (ValidationError, ValueError) as exc:
         print(f"tokentrail consume: invalid settings: {exc}", file=sys.stderr)
         return 2

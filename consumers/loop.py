@@ -50,6 +50,7 @@ from schemas.records import RebuiltRollout, RetireRequested, RolloutEvent
 from schemas.kafka.bridge import AckedProducer, admin_client
 from schemas.kafka.config import consumer_config, producer_config
 from schemas.kafka.framing import deadletter_headers
+from schemas.stage_log import STAGES
 from schemas.topics import key_for, wait_for_topics
 
 log = logging.getLogger("tokentrail.consumer")
@@ -133,7 +134,8 @@ class RebuildConsumer:
 
     def _subscribe(self) -> Any:
         consumer = confluent_kafka.Consumer(consumer_config(self.settings.bootstrap, self.settings.group_id,
-                                                            session_timeout_ms=self.settings.session_timeout_ms))
+                                                            session_timeout_ms=self.settings.session_timeout_ms,
+                                                            fetch_wait_ms=self.settings.fetch_wait_ms))
         consumer.subscribe([self.settings.topics.snapshots], on_revoke=self._on_revoke, on_lost=self._on_revoke)
         return consumer
 
@@ -174,6 +176,9 @@ class RebuildConsumer:
                 if not await self._slot(slots, stop, failure):
                     break
                 msg = await self._poll()
+                if STAGES.on and msg is not None and not msg.error():
+                    STAGES.mark(msg.key(), "snapshot.record", msg.timestamp()[1] / 1000)
+                    STAGES.mark(msg.key(), "cons.polled")
                 rollout = await self._prepare(msg) if msg is not None else None
                 if rollout is None:
                     slots.release()
@@ -234,6 +239,8 @@ class RebuildConsumer:
             await self._done(msg)
             return None
         rollout = await asyncio.to_thread(rebuild, snapshot, self.rules)
+        if STAGES.on:
+            STAGES.mark(rollout.rollout_id, "cons.rebuilt")
         self._count(rollout)
         return rollout
 
@@ -257,9 +264,15 @@ class RebuildConsumer:
     async def _deliver(self, msg: Any, rollout: RebuiltRollout) -> None:
         await self.sink.deliver(rollout)
         self.stats.delivered += 1
+        if STAGES.on:
+            STAGES.mark(rollout.rollout_id, "cons.delivered")
         if self.settings.retire:
             await self._in_thread(self._retire, rollout)
+            if STAGES.on:
+                STAGES.mark(rollout.rollout_id, "cons.retired")
         await self._done(msg)
+        if STAGES.on:
+            STAGES.mark(rollout.rollout_id, "cons.committed")
 
     async def _done(self, msg: Any) -> None:
         commit = self._offsets.finish((msg.topic(), msg.partition()), msg.offset())

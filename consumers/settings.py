@@ -8,6 +8,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from consumers.rebuild.rules import RebuildRules
 from schemas.errors import ConfigError
+from schemas.kafka.config import DEFAULT_FETCH_WAIT_MS
 from schemas.topics import DEFAULT_TOPIC_WAIT_S, TopicNames, check_bootstrap
 
 Bootstrap = Annotated[str, AfterValidator(check_bootstrap)]
@@ -30,6 +31,8 @@ class ConsumerSettings(BaseModel):
     max_in_flight: int | None = Field(None, ge=1, description="Deliveries pending at once (default: the sink's own)")
     shutdown_grace_s: float = Field(10.0, ge=0.0, description="How long stop waits for pending deliveries")
     poll_timeout_s: float = 0.5
+    fetch_wait_ms: int = Field(DEFAULT_FETCH_WAIT_MS, ge=1, description="Longest fetch long-poll at the broker: "
+                               "bounds how late a snapshot of a partition left out of the fetch in flight is read")
     session_timeout_ms: int = 10_000
     topic_wait_s: float = Field(DEFAULT_TOPIC_WAIT_S, ge=0.0, description="How long startup waits for the broker "
                                 "and for the topics the consumer reads and writes to exist before it gives up")

@@ -39,9 +39,11 @@ Guarantees, and the Faust behaviour each one rests on:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,7 @@ from processors.delivery import DirectChangelogTable, OffsetGuard, OrderedAcker
 from processors.fold import fold_raw
 from processors.settings import ProcessorSettings
 from schemas.kafka.framing import deadletter_headers
+from schemas.stage_log import STAGES
 from schemas.topics import MAX_MESSAGE_BYTES, wait_for_topics
 
 log = logging.getLogger("tokentrail.processor")
@@ -64,6 +67,7 @@ class ProcessorApp(faust.App):
 
     stopped_cleanly = False
     acker: OrderedAcker | None = None
+    fetch_wait_ms = 1500  # the longest fetch long-poll (ProcessorSettings.fetch_wait_ms)
 
     def _new_consumer(self) -> Any:
         consumer = super()._new_consumer()
@@ -72,6 +76,19 @@ class ProcessorApp(faust.App):
             return None  # rollout-events is neither compacted nor transactional: a jump is a hole, not a gap
 
         consumer._add_gap = no_gaps  # see processors.delivery
+        # faust builds its aiokafka consumer with fetch_max_wait_ms=1500, and aiokafka sends no fetch to a
+        # broker that has one in flight: a partition whose records were still buffered when the long poll
+        # went out is fetched again only when that poll returns, so its next event could wait 1.5 s.
+        wait_ms = self.fetch_wait_ms
+        thread = consumer._thread
+        create = thread._create_worker_consumer
+
+        def create_worker_consumer(transport: Any) -> Any:
+            client = create(transport)
+            client._fetch_max_wait_ms = wait_ms  # read by its fetcher, which start() creates
+            return client
+
+        thread._create_worker_consumer = create_worker_consumer
         return consumer
 
     async def on_stop(self) -> None:
@@ -81,14 +98,26 @@ class ProcessorApp(faust.App):
         self.stopped_cleanly = self.acker is None or self.acker.idle
 
 
-class _TableReader:
-    __slots__ = ("_table",)
+class FoldCount:
+    """Events this worker folded, logged ("folded N events") at most once a second and at stop.
 
-    def __init__(self, table: Any) -> None:
-        self._table = table
+    Per-worker throughput from the worker's own log (``tokentrail bench scaleout``); a worker
+    killed with -9 has logged all but its last second. Redelivered events count: they were folded.
+    """
 
-    def get(self, key: bytes) -> bytes | None:
-        return self._table.get(key)
+    __slots__ = ("n", "_next")
+
+    def __init__(self) -> None:
+        self.n, self._next = 0, time.monotonic() + 1.0
+
+    def add(self) -> None:
+        self.n += 1
+        if time.monotonic() >= self._next:
+            self.log()
+
+    def log(self) -> None:
+        self._next = time.monotonic() + 1.0
+        log.info("folded %d events", self.n)
 
 
 def create_app(settings: ProcessorSettings) -> ProcessorApp:
@@ -116,6 +145,7 @@ def create_app(settings: ProcessorSettings) -> ProcessorApp:
         producer_max_batch_size=settings.producer_max_batch_bytes,
         Table=DirectChangelogTable,
     )
+    app.fetch_wait_ms = settings.fetch_wait_ms
     raw = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw", partitions=p)
     events = app.topic(settings.topics.rollout_events, **raw)
     snapshots = app.topic(settings.topics.snapshots, **raw)
@@ -126,7 +156,6 @@ def create_app(settings: ProcessorSettings) -> ProcessorApp:
     # Tables derive serializers from their types (json for bytes); state values are our own Avro bytes.
     table.key_serializer = "raw"
     table.value_serializer = "raw"
-    reader = _TableReader(table)
 
     @app.agent(events, name="fold")
     async def fold_agent(stream: faust.StreamT) -> None:
@@ -134,24 +163,26 @@ def create_app(settings: ProcessorSettings) -> ProcessorApp:
         guard = OffsetGuard(app, settings.topics.rollout_events, reseek_s=settings.hole_check_interval_s)
         acker.start()
         guard.start()
+        fold_count = FoldCount()
         try:
             async for event in stream.noack().events():
+                fetched = time.time() if STAGES.on else 0.0
                 message = event.message
                 if not await guard.admit(event):
                     continue
                 await acker.settle(event.key)
-                result = fold_raw(reader, event.key, event.value, position=(message.partition, message.offset))
-                # Local writes first, none awaited; then their changelog records, in the same order.
-                for key, value in result.writes.items():
-                    if value is None:
-                        if key in table:
-                            del table[key]
-                    else:
-                        table[key] = value
-                changelog = await table.produce_changelog(table.take_changelog())
+                result = fold_raw(table.reader(message.partition), event.key, event.value,
+                                  position=(message.partition, message.offset))
+                fold_count.add()
+                # Local writes first (one RocksDB batch), none awaited; then their changelog records, in order.
+                records = table.write(message.partition, result.writes)
+                folded = time.time() if STAGES.on else 0.0
+                changelog = await table.produce_changelog(records)
                 outputs = []
                 for snapshot in result.emitted:
                     outputs.append(await snapshots.send(key=event.key, value=snapshot.data))
+                if STAGES.on and result.emitted:
+                    _mark_stages(event, (fetched, folded), changelog, outputs)
                 for dead in result.deadletters:
                     outputs.append(await deadletter.send(
                         key=event.key, value=event.value,
@@ -162,11 +193,25 @@ def create_app(settings: ProcessorSettings) -> ProcessorApp:
                                 message.offset, dead.detail)
                 await acker.submit(event, changelog, outputs)
         finally:
+            fold_count.log()
             guard.stop()
             acker.stop()
 
     app.tokentrail_table = table  # type: ignore[attr-defined]
     return app
+
+
+def _mark_stages(event: Any, times: tuple[float, float], changelog: list[asyncio.Future],
+                 snapshots: list[asyncio.Future]) -> None:
+    """Stage marks of an event that emitted a snapshot (a finish), for ``tokentrail bench e2e``."""
+    key, sent = event.key, time.time()
+    STAGES.mark(key, "finish.record", event.message.timestamp)
+    STAGES.mark(key, "proc.fetched", times[0])
+    STAGES.mark(key, "proc.folded", times[1])
+    STAGES.mark(key, "proc.sent", sent)  # changelog and snapshot handed to the producer (sends only enqueue)
+    for futures, stage in ((changelog, "proc.changelog_acked"), (snapshots, "proc.snapshot_acked")):
+        if futures:
+            futures[-1].add_done_callback(lambda _f, stage=stage: STAGES.mark(key, stage))
 
 
 def required_topics(settings: ProcessorSettings) -> list[str]:

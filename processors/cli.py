@@ -32,6 +32,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--hole-check-interval", type=float, default=1.0, metavar="SECONDS",
                         help="how often the offset guard repeats a rewind and checks quiet partitions' tails")
+    parser.add_argument("--fetch-wait-ms", type=int, default=None, metavar="MS",
+                        help="longest fetch long-poll at the broker (default: ProcessorSettings.fetch_wait_ms)")
     add_topic_options(parser)
     parser.add_argument("--log-level", default="WARNING")
 
@@ -44,7 +46,8 @@ def main(args: argparse.Namespace) -> int:
         settings = ProcessorSettings(bootstrap=args.bootstrap, data_dir=args.data_dir, app_id=args.app_id,
                                      partitions=args.partitions, topics=topic_names(args.topic_prefix),
                                      hole_check_interval_s=args.hole_check_interval,
-                                     topic_wait_s=args.topic_wait)
+                                     topic_wait_s=args.topic_wait,
+                                     **({} if args.fetch_wait_ms is None else {"fetch_wait_ms": args.fetch_wait_ms}))
     except ValidationError as exc:
         print(f"tokentrail process: invalid settings:\n{exc}", file=sys.stderr)
         return 2

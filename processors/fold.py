@@ -47,7 +47,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 
 from processors import lineage
@@ -66,6 +65,7 @@ from processors.state import (
     index_codec,
     intent_call_key,
     intent_key,
+    replace_header,
     seq_key,
 )
 from processors.txn import DeadLetter, FoldResult, Position, StateReader, StateReadError, Txn
@@ -183,7 +183,7 @@ def fold(
         return txn.result  # the state already has this event (a cut-short retirement aside)
     msg = event.body
     if txn.header.retired and not isinstance(msg, RetireRequested):
-        txn.header = dataclasses.replace(txn.header, writes_after_retire=txn.header.writes_after_retire + 1)
+        txn.header = replace_header(txn.header, writes_after_retire=txn.header.writes_after_retire + 1)
         txn.result.deadletters.append(_after_retire(txn.header, event))
     elif isinstance(msg, CallCaptured):
         _fold_capture(txn, event, msg, payload, body)
@@ -249,7 +249,7 @@ def _fold_capture(txn: Txn, event: RolloutEvent, call: CallCaptured, payload: st
     txn.put(seq_key(txn.rollout_id, seq), call.model_call_id.encode())
     if call.continuation_fingerprint:
         _index_call(txn, call)
-    txn.header = dataclasses.replace(
+    txn.header = replace_header(
         header,
         n_calls=seq + 1,
         version=header.version + 1,
@@ -277,7 +277,7 @@ def _fold_incomplete(txn: Txn, event_id: str, marker: CallIncomplete, digest: st
         incomplete_key(txn.rollout_id, seq),
         incomplete_codec().encode(StoredIncomplete(event_id=event_id, marker=marker, late=header.frozen)),
     )
-    txn.header = dataclasses.replace(
+    txn.header = replace_header(
         header,
         n_incomplete=seq + 1,
         incomplete_event_ids=[*header.incomplete_event_ids, event_id],
@@ -301,7 +301,7 @@ def _fold_started(txn: Txn, intent: CallStarted) -> None:
     seq = header.n_started
     txn.put(intent_key(rid, seq), call_id.encode())
     txn.put(intent_call_key(rid, call_id), seq.to_bytes(4, "big"))
-    txn.header = dataclasses.replace(
+    txn.header = replace_header(
         header,
         n_started=seq + 1,
         version=header.version + 1,
@@ -322,7 +322,7 @@ def _fold_finished(txn: Txn, event: RolloutEvent, finished: RolloutFinished) -> 
         return
     # First freeze, a freeze after later writes, or a finish with a new payload: a new state.
     version = header.version + 1
-    txn.header = dataclasses.replace(
+    txn.header = replace_header(
         header,
         version=version,
         frozen=True,

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from schemas.kafka.config import DEFAULT_FETCH_WAIT_MS
 from schemas.topics import DEFAULT_PARTITIONS, DEFAULT_TOPIC_WAIT_S, TopicNames, check_bootstrap
 
 Bootstrap = Annotated[str, AfterValidator(check_bootstrap)]
@@ -44,6 +45,10 @@ class ProcessorSettings(BaseModel):
     # batch let them share produce requests (a snapshot send waits at most the linger).
     producer_linger_s: float = Field(0.005, ge=0)
     producer_max_batch_bytes: int = Field(1 << 20, ge=16 << 10)
+    # The longest a fetch waits at the broker for records. aiokafka sends one fetch per broker at a time, so
+    # a partition left out of the poll in flight (its records were still buffered) waits for that poll to
+    # return: this bounds the delay of its next event, at one empty fetch per interval when idle.
+    fetch_wait_ms: int = Field(DEFAULT_FETCH_WAIT_MS, ge=1, le=1500, description="Longest fetch long-poll (faust's own is 1500)")
     web_port: int | None = Field(None, description="Faust's web server (metrics); off unless set")
     hole_check_interval_s: float = Field(1.0, gt=0, description="How often the offset guard repeats its "
                                          "rewinds and looks for a hole at a quiet partition's tail")

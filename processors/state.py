@@ -33,7 +33,7 @@ test pins the byte equality), so the state stays plain Avro.
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cache
 
 import fastavro
@@ -228,3 +228,80 @@ def read_stored_call_head(data: bytes) -> StoredCallHead:
     digest, pos = read_string(view, pos)
     fingerprint, pos = read_string(view, pos)
     return StoredCallHead(seq, payload_digest, late, note, cum_len, digest, fingerprint, view[pos:])
+
+
+# ---------------------------------------------------------------- the header by hand (hot path)
+#
+# Every event reads, changes and writes its rollout's header. ``encode_header`` writes what
+# ``header_codec().encode`` writes, field by field in the schema's order (a test pins the byte
+# equality and the field list); ``decode_header`` remembers the header each encoded bytes came
+# from, so the next event of the rollout, which reads those bytes back, skips the decode.
+# Headers are immutable: frozen, and the fold builds new lists rather than changing one.
+
+_HEADER_SCHEMA_FIELDS = (
+    "rollout_id", "schema_version", "version", "n_calls", "n_incomplete", "incomplete_event_ids", "late_writes",
+    "frozen", "frozen_version", "snapshot_id", "frozen_at", "finish_event_ids", "finished", "retired",
+    "writes_after_retire", "incomplete_digests", "applied_partition", "applied_offset", "n_started",
+)
+_HEADER_FIELDS = tuple(f.name for f in fields(RolloutHeader))
+_MEMO_LIMIT = 4096  # headers remembered; the rollouts in flight on a worker, give or take
+_memo: dict[bytes, RolloutHeader] = {}
+
+
+def decode_header(raw: bytes) -> RolloutHeader:
+    """``header_codec().decode(raw)``; the header itself when these bytes came from ``encode_header``."""
+    if type(raw) is not bytes:
+        return header_codec().decode(raw)
+    header = _memo.get(raw)
+    if header is None:
+        header = header_codec().decode(raw)
+        _remember(raw, header)
+    return header
+
+
+def encode_header(header: RolloutHeader) -> bytes:
+    """Exactly ``header_codec().encode(header)``, without the generic datum and writer."""
+    finished = header.finished
+    if finished is None:
+        tail = b"\x00"
+    else:
+        tail = b"".join((b"\x02", avro_long(finished.attempt), avro_string(finished.result_json),
+                         _optional_string(finished.final_response_id), _optional_string(finished.final_text)))
+    raw = b"".join((
+        MAGIC, header_codec().fingerprint, avro_string(header.rollout_id), avro_long(header.schema_version),
+        avro_long(header.version), avro_long(header.n_calls), avro_long(header.n_incomplete),
+        _strings(header.incomplete_event_ids), avro_long(header.late_writes), b"\x01" if header.frozen else b"\x00",
+        avro_long(header.frozen_version), avro_string(header.snapshot_id), avro_long(header.frozen_at),
+        _strings(header.finish_event_ids), tail, b"\x01" if header.retired else b"\x00",
+        avro_long(header.writes_after_retire), _strings(header.incomplete_digests), avro_long(header.applied_partition),
+        avro_long(header.applied_offset), avro_long(header.n_started),
+    ))
+    _remember(raw, header)
+    return raw
+
+
+def replace_header(header: RolloutHeader, **changes: object) -> RolloutHeader:
+    """``dataclasses.replace(header, **changes)`` for the hot path (the same fields, no generic machinery)."""
+    new = object.__new__(RolloutHeader)
+    for name in _HEADER_FIELDS:
+        object.__setattr__(new, name, changes.pop(name) if name in changes else getattr(header, name))
+    if changes:
+        raise TypeError(f"RolloutHeader has no field(s) {sorted(changes)}")
+    return new
+
+
+def _remember(raw: bytes, header: RolloutHeader) -> None:
+    if len(_memo) >= _MEMO_LIMIT:
+        _memo.clear()  # bounded; the next event of each rollout decodes once more
+    _memo[raw] = header
+
+
+def _strings(values: list[str]) -> bytes:
+    # An Avro array as fastavro writes it: one block of all the items, then the empty block.
+    if not values:
+        return b"\x00"
+    return b"".join((avro_long(len(values)), *map(avro_string, values), b"\x00"))
+
+
+def _optional_string(value: str | None) -> bytes:
+    return b"\x00" if value is None else b"\x02" + avro_string(value)

@@ -8,7 +8,6 @@ goes last, or first for the one event that deletes (a retirement), see
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -18,11 +17,13 @@ from processors.state import (
     RolloutHeader,
     StoredCallHead,
     call_key,
+    decode_header,
+    encode_header,
     fingerprint_key,
-    header_codec,
     header_key,
     index_codec,
     read_stored_call_head,
+    replace_header,
 )
 from schemas.errors import TokentrailError
 from schemas.records import Snapshot
@@ -82,7 +83,7 @@ class Txn:
         self._writes = self.result.writes
         self.header_first = False  # the commit point comes first for an event that deletes
         raw = self._read(header_key(rollout_id))
-        self._original_header = header_codec().decode(raw) if raw is not None else None
+        self._original_header = decode_header(raw) if raw is not None else None
         self.header = self._original_header or RolloutHeader(rollout_id=rollout_id)
         h = self.header
         self.redelivered = (
@@ -117,10 +118,10 @@ class Txn:
     def commit(self) -> FoldResult:
         if self.header != self._original_header:
             if self.position is not None:
-                self.header = dataclasses.replace(
+                self.header = replace_header(
                     self.header, applied_partition=self.position[0], applied_offset=self.position[1]
                 )
-            encoded = header_codec().encode(self.header)
+            encoded = encode_header(self.header)
             self._writes.pop(header_key(self.rollout_id), None)
             if self.header_first:
                 rest = dict(self._writes)

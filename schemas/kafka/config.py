@@ -33,7 +33,7 @@ from typing import Any
 from schemas.topics import MAX_MESSAGE_BYTES
 
 __all__ = [
-    "PARTITIONER", "DEFAULT_LINGER_MS", "DEFAULT_DELIVERY_TIMEOUT_MS", "QUIET_LOGGER",
+    "PARTITIONER", "DEFAULT_LINGER_MS", "DEFAULT_DELIVERY_TIMEOUT_MS", "DEFAULT_FETCH_WAIT_MS", "QUIET_LOGGER",
     "producer_config", "consumer_config", "admin_config", "delivery_timeout_s",
 ]
 
@@ -41,6 +41,11 @@ PARTITIONER = "murmur2_random"
 # One millisecond batches concurrent captures into one request without a noticeable delay.
 DEFAULT_LINGER_MS = 1.0
 DEFAULT_DELIVERY_TIMEOUT_MS = 30_000
+# The longest a fetch waits at the broker for records. A client sends one fetch per broker at a time, so a
+# partition left out of the fetch in flight (its records were still queued) is fetched again only when that
+# fetch returns: the wait bounds the delay of its next record (librdkafka's default is 500 ms, faust's 1500),
+# at the cost of one empty fetch per interval when idle.
+DEFAULT_FETCH_WAIT_MS = 100
 _MAX_REQUEST_TIMEOUT_MS = 30_000
 
 # librdkafka logs every refused connection; the outcome reaches the caller as an error, so its log is muted.
@@ -77,6 +82,7 @@ def producer_config(bootstrap: str, *, linger_ms: float = DEFAULT_LINGER_MS,
 
 def consumer_config(bootstrap: str, group_id: str, *, partition_eof: bool = False,
                     session_timeout_ms: int | None = None, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                    fetch_wait_ms: int = DEFAULT_FETCH_WAIT_MS,
                     extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A reader that commits only by hand and sees only committed (non-aborted) records.
 
@@ -91,6 +97,7 @@ def consumer_config(bootstrap: str, group_id: str, *, partition_eof: bool = Fals
         "isolation.level": "read_committed",
         "fetch.message.max.bytes": max_message_bytes,
         "max.partition.fetch.bytes": max_message_bytes,
+        "fetch.wait.max.ms": int(fetch_wait_ms),
     }
     if partition_eof:
         config["enable.partition.eof"] = True

@@ -36,6 +36,9 @@ class FakeMessage:
     def error(self) -> None:
         return None
 
+    def timestamp(self) -> tuple[int, int]:
+        return 1, 1_700_000_000_000  # (TIMESTAMP_CREATE_TIME, ms), as confluent-kafka gives it
+
 
 @dataclass
 class Journal:
