@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install jars claude-code codex vllm demo demo-collect why test test-unit test-integration fuzz imports bench clean
+.PHONY: install jars claude-code codex vllm demo demo-collect why test test-unit test-integration fuzz chaos imports bench clean
 
 install: $(VENV)/.installed
 
@@ -74,6 +74,14 @@ test-integration: install jars vllm
 FUZZ_EXAMPLES ?= 10000
 fuzz: install
 	TOKENTRAIL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -q -m fuzz $(PYTEST_ARGS)
+
+# Chaos under load: 64 concurrent rollouts while the run's own Kafka broker, the processor (x5), the
+# consumer (between deliver and retire) and the interceptor (mid-stream, with a spool) are killed -9;
+# prints the table and exits non-zero unless no acknowledged call was lost, duplicated, delivered unmasked
+# after a loss, or rebuilt unlike a clean run (CHAOS_ARGS, e.g. --rollouts 16 --faults broker).
+CHAOS_ARGS ?=
+chaos: install jars
+	$(BIN)/tokentrail chaos $(CHAOS_ARGS)
 
 # The import contracts of pyproject.toml ([tool.importlinter]) alone; `make test` runs them
 # too (tests/unit/test_architecture.py).

@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("compose.demo", "bring the stack up, run sample rollouts, print the table"),
     "collect": ("compose.collect.cli", "run a harness over a task set, verify, deliver rewarded rollouts"),
     "bench": ("compose.bench", "run a benchmark that prints figures"),
+    "chaos": ("compose.chaos.cli", "run concurrent rollouts while killing broker, processor, consumer, interceptor"),
 }
 
 

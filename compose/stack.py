@@ -11,9 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,28 +18,11 @@ from typing import Any
 
 import httpx
 
+from compose.kafka_broker import pick_free_ports
+from compose.service_process import Service, StackError, spawn, terminate
 from compose.topics import ensure_topics
 from compose.vllm_engine.engine import score_prompt
-from schemas.errors import TokentrailError
-from schemas.topics import TopicNames, topic_names
-
-
-class StackError(TokentrailError, RuntimeError):
-    """A service did not come up; the message carries the end of its log."""
-
-
-@dataclass
-class Service:
-    name: str
-    proc: subprocess.Popen
-    log: Path
-    url: str | None = None
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+from schemas.topics import DEFAULT_PARTITIONS, TopicNames, topic_names
 
 
 @dataclass
@@ -60,8 +40,9 @@ class LocalStack:
     upstream_url: str | None = None  # a running engine (real vLLM) instead of a spawned `tokentrail policy`
     interceptor_in_engine: bool = False  # the engine runs the interceptor as middleware: spawn none
     rollout_secret: str | None = None  # TOKENTRAIL_ROLLOUT_SECRET of the interceptor: harnesses need rollout tokens
+    partitions: int = DEFAULT_PARTITIONS  # of the topics it creates; its fold workers are told the same
     sink: str = "jsonl"  # the consumer's sink: "jsonl" (rollouts_path) or "kafka" (the prefixed rebuilt topic)
-    die_with_parent: bool = False  # services get SIGTERM when this process dies (kill -9 included)
+    die_with_parent: bool = False  # services get SIGTERM when the spawning thread ends (kill -9 included): _die_with_parent
     services: dict[str, Service] = field(default_factory=dict)
 
     @property
@@ -75,39 +56,79 @@ class LocalStack:
     # -- lifecycle --------------------------------------------------------------
     def start(self) -> LocalStack:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        ensure_topics(self.bootstrap, self.topics)
-        prefix = ("--topic-prefix", self.topic_prefix)
+        ensure_topics(self.bootstrap, self.topics, self.partitions)
         try:
             if self.upstream_url is None:
                 policy = self._spawn("policy", "policy", "--port", "0", *self.policy_args, env=self.policy_env)
-                policy.url = self._wait_line(policy, "policy listening on ").split()[-1]
+                policy.url = policy.wait_line("policy listening on ").split()[-1]
             if not self.interceptor_in_engine:
-                port = _free_port()
-                interceptor = self._spawn("interceptor", "intercept", "--upstream", self.policy_url, "--bootstrap",
-                                          self.bootstrap, "--port", str(port), *prefix, *self.intercept_args,
-                                          env={"TOKENTRAIL_CONTROL_TOKEN": self.control_token,
-                                               **({"TOKENTRAIL_ROLLOUT_SECRET": self.rollout_secret}
-                                                  if self.rollout_secret else {})})
-                interceptor.url = f"http://127.0.0.1:{port}"
-                self._wait_http(interceptor, "/healthz")
+                self.add_interceptor("interceptor")
             if not self.with_pipeline:
                 return self
-            processor = self._spawn("processor", "process", "--bootstrap", self.bootstrap, "--data-dir",
-                                    str(self.run_dir / "processor"), "--app-id", self.processor_id, *prefix,
-                                    "--log-level", "INFO")
-            self._wait_line(processor, "Worker ready", timeout=90)
-            sink = ("--sink", "jsonl", "--sink-path", str(self.rollouts_path)) if self.sink == "jsonl" else \
-                ("--sink", self.sink)
-            self._spawn("consumer", "consume", "--bootstrap", self.bootstrap, *sink,
-                        "--group-id", f"{self.processor_id}-consumer", *prefix, *self.consumer_args)
+            self.add_processor("processor")
+            self.add_consumer("consumer", sink_path=self.rollouts_path)
         except BaseException:
             self.stop()
             raise
         return self
 
+    # -- more services (scale-out) ------------------------------------------------
+    def add_interceptor(self, name: str) -> Service:
+        """Spawn an interceptor called ``name`` in front of the engine; returns once it answers /healthz."""
+        (port,) = pick_free_ports(1)
+        service = self._spawn(name, "intercept", "--upstream", self.policy_url, "--bootstrap", self.bootstrap,
+                              "--port", str(port), "--topic-prefix", self.topic_prefix, *self.intercept_args,
+                              env={"TOKENTRAIL_CONTROL_TOKEN": self.control_token,
+                                   **({"TOKENTRAIL_ROLLOUT_SECRET": self.rollout_secret}
+                                      if self.rollout_secret else {})})
+        service.url = f"http://127.0.0.1:{port}"
+        service.wait_http("/healthz")
+        return service
+
+    def add_processor(self, name: str, *, wait: bool = True) -> Service:
+        """Spawn a fold worker called ``name`` in the stack's group (``processor_id``), data dir ``run_dir/name``.
+
+        With ``wait``, returns once it logged "Worker ready" (it has joined the group).
+        """
+        service = self._spawn(name, "process", "--bootstrap", self.bootstrap, "--data-dir", str(self.run_dir / name),
+                              "--app-id", self.processor_id, "--partitions", str(self.partitions),
+                              "--topic-prefix", self.topic_prefix, "--log-level", "INFO")
+        if wait:
+            service.wait_line("Worker ready", timeout=90)
+        return service
+
+    def add_consumer(self, name: str, *, group_id: str | None = None, sink_path: Path | None = None) -> Service:
+        """Spawn a rebuild consumer called ``name`` in ``group_id`` (default: the stack's consumer group).
+
+        It delivers to the JSONL file ``sink_path`` (default ``run_dir/<name>.jsonl``) when the stack's
+        sink is "jsonl", else to the stack's sink.
+        """
+        path = sink_path or self.run_dir / f"{name}.jsonl"
+        sink = ("--sink", "jsonl", "--sink-path", str(path)) if self.sink == "jsonl" else ("--sink", self.sink)
+        return self._spawn(name, "consume", "--bootstrap", self.bootstrap, *sink,
+                           "--group-id", group_id or f"{self.processor_id}-consumer",
+                           "--topic-prefix", self.topic_prefix, *self.consumer_args)
+
+    def wait_log(self, name: str, needle: str, timeout: float = 90.0) -> str:
+        """Wait until the service ``name`` logged a line containing ``needle``; that line."""
+        return self._service(name).wait_line(needle, timeout=timeout)
+
+    def remove(self, name: str, sig: int = signal.SIGTERM, grace: float = 10.0) -> int:
+        """Stop the service ``name`` and forget it (scale-in: its exit is no failure of the stack); its exit code.
+
+        SIGTERM is a clean stop (SIGKILL after ``grace`` s); SIGKILL is a crash, as ``kill`` does.
+        """
+        service = self._service(name)
+        if sig == signal.SIGKILL:
+            self.kill(name)
+        else:
+            terminate(service.proc, grace)
+        del self.services[name]
+        return service.proc.returncode
+
     def stop(self) -> None:
         for service in reversed(list(self.services.values())):
-            _terminate(service.proc)
+            terminate(service.proc)
         self.services.clear()
 
     def __enter__(self) -> LocalStack:
@@ -144,17 +165,18 @@ class LocalStack:
             return self.policy_url
         return str(self.services["interceptor"].url)
 
-    def capture_base_url(self, rollout_id: str) -> str:
-        """What a harness gets as its OpenAI base URL for one rollout."""
-        return capture_root(self.interceptor_url, rollout_id) + "/v1"
+    def capture_base_url(self, rollout_id: str, *, via: str | None = None) -> str:
+        """What a harness gets as its OpenAI base URL for one rollout (``via``: an added interceptor's name)."""
+        return capture_root(self._url_of(via), rollout_id) + "/v1"
 
     def api_key(self, rollout_id: str) -> str:
         """What a harness of ``rollout_id`` sends as its API key: its rollout token when the stack has a secret."""
         return harness_api_key(self.rollout_secret, rollout_id)
 
     def finish(self, rollout_id: str, result: Any, *, final_response_id: str | None = None,
-               final_text: str | None = None) -> None:
-        r = httpx.post(f"{self.interceptor_url}/rollouts/{rollout_id}/finish", timeout=30,
+               final_text: str | None = None, via: str | None = None) -> None:
+        """POST the rollout's finish to the interceptor (``via``: an added interceptor's name)."""
+        r = httpx.post(f"{self._url_of(via)}/rollouts/{rollout_id}/finish", timeout=30,
                        headers={"authorization": f"Bearer {self.control_token}"},
                        json={"result": result, "final_response_id": final_response_id, "final_text": final_text})
         r.raise_for_status()
@@ -172,51 +194,71 @@ class LocalStack:
                         found[record["rollout_id"]] = record
             if set(found) >= set(rollout_ids):
                 return found
-            self._check_alive()
+            self.check_alive()
             time.sleep(0.2)
         missing = sorted(set(rollout_ids) - set(found))
         raise StackError(f"rollouts {missing} were not delivered within {timeout:.0f} s\n" + self._logs())
 
+    # -- faults (chaos) -------------------------------------------------------------
+    def kill(self, name: str) -> int:
+        """SIGKILL service ``name``'s process group (a crash: no handler, no flush) and reap it; returns its pid.
+
+        The service stays in ``services`` (dead) until ``restart(name)``.
+        """
+        service = self._service(name)
+        if service.proc.poll() is None:
+            try:
+                os.killpg(service.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        service.proc.wait()
+        return service.proc.pid
+
+    def restart(self, name: str, *, timeout: float = 90.0) -> Service:
+        """Start a dead service again with the arguments and environment of its first start.
+
+        The same port (interceptor), data dir (processor), spool (``--spool-dir``), sink and
+        group id, so a restart is the same service coming back; its log is appended to.
+        Returns once it is ready as ``start`` waits for it (an interceptor: ``/healthz``;
+        a fold worker: a new "Worker ready" line). The policy server cannot be restarted (it
+        listens on a port picked at start, which the interceptor already points at).
+        """
+        old = self._service(name)
+        if old.proc.poll() is None:
+            raise StackError(f"{name} is still running (pid {old.proc.pid}): kill it first")
+        command = old.argv[0] if old.argv else ""
+        if command == "policy":
+            raise StackError("the policy server cannot be restarted: it listens on a port picked at start")
+        since = old.log.stat().st_size if old.log.exists() else 0
+        service = self._spawn(name, *old.argv, env=old.env, append=True)
+        service.url = old.url
+        if command == "intercept":  # by subcommand, so added services (add_interceptor/add_processor) restart too
+            service.wait_http("/healthz", timeout=timeout)
+        elif command == "process":
+            service.wait_line("Worker ready", timeout=timeout, since=since)
+        return service
+
+    def exited(self) -> dict[str, int]:
+        """The services whose process has exited, with their return codes (-9: SIGKILL)."""
+        return {n: s.proc.returncode for n, s in self.services.items() if s.proc.poll() is not None}
+
+    def _url_of(self, interceptor: str | None) -> str:
+        return self.interceptor_url if interceptor is None else str(self._service(interceptor).url)
+
+    def _service(self, name: str) -> Service:
+        if name not in self.services:
+            raise StackError(f"no service {name!r} in this stack; it runs {sorted(self.services)}")
+        return self.services[name]
+
     # -- internals ----------------------------------------------------------------
-    def _spawn(self, name: str, *argv: str, env: dict[str, str] | None = None) -> Service:
-        log = self.run_dir / f"{name}.log"
-        handle = open(log, "wb")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "compose.cli", *argv],
-            stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-            preexec_fn=_die_with_parent if self.die_with_parent else None,
-        )
-        handle.close()
-        service = Service(name, proc, log)
+    def _spawn(self, name: str, *argv: str, env: dict[str, str] | None = None, append: bool = False) -> Service:
+        service = spawn(name, argv, log=self.run_dir / f"{name}.log", env=env, append=append,
+                        die_with_parent=self.die_with_parent)
         self.services[name] = service
         return service
 
-    def _wait_line(self, service: Service, needle: str, timeout: float = 30.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in service.log.read_text(errors="replace").splitlines():
-                if needle in line:
-                    return line.strip()
-            if service.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        raise StackError(f"{service.name} did not report {needle!r}:\n{service.log_tail()}")
-
-    def _wait_http(self, service: Service, path: str, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{service.url}{path}", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if service.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        raise StackError(f"{service.name} did not answer {path}:\n{service.log_tail()}")
-
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
+        """Raise `StackError` with its log's end if a service has exited."""
         for service in self.services.values():
             if service.proc.poll() is not None:
                 raise StackError(f"{service.name} exited with {service.proc.returncode}:\n{service.log_tail()}")
@@ -237,29 +279,3 @@ def harness_api_key(rollout_secret: str | None, rollout_id: str) -> str:
     from schemas.rollout_tokens import rollout_token
 
     return rollout_token(rollout_secret, rollout_id)
-
-
-def _terminate(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the spawning thread's process dies (PR_SET_PDEATHSIG)."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from compose.kafka_broker import pick_free_ports
 from schemas.errors import TokentrailError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,7 +89,7 @@ class VllmEngine:
     def start(self) -> VllmEngine:
         model = checkpoint(self.variant)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        port = _free_port()
+        (port,) = pick_free_ports(1)
         argv = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                 "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(self.max_model_len),
                 *ENGINE_FLAGS, *self.extra_args]
@@ -149,9 +149,3 @@ def score_prompt(url: str, token_ids: list[int]) -> list[float]:
     r.raise_for_status()
     entries = r.json()["choices"][0]["prompt_logprobs"]  # first entry null; then {str(id): {logprob, ...}}
     return [entry[str(token)]["logprob"] for entry, token in zip(entries[1:], token_ids[1:], strict=True)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -13,12 +13,12 @@ stack, and ``--local`` bringing the whole stack up for a run.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from compose.kafka_broker import pick_free_ports
 from tests.integration.collect.conftest import collect_argv, rows, run_collect
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
@@ -27,16 +27,11 @@ SUM_TASK = {"id": "file-sum", "prompt": "Add up the numbers in numbers.txt. Give
             "<answer>...</answer>.", "answer": 15, "files": {"numbers.txt": "1\n2\n3\n4\n5\n"}}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture
 def agent_service(request):
     mode = getattr(request, "param", "normal")
-    port = _free_port()
+    port = pick_free_ports(1)[0]
     proc = subprocess.Popen([sys.executable, "-m", "compose.collect.agent_service", "--port", str(port), "--mode", mode],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     line = proc.stdout.readline()
@@ -86,7 +81,7 @@ def test_malformed_reply_is_a_terminal_failure(collect_stack, agent_service, tmp
 
 def test_service_down_is_retried_then_a_sentinel_row(collect_stack, tmp_path):
     out = tmp_path / "results.jsonl"
-    down = f"http://127.0.0.1:{_free_port()}"
+    down = f"http://127.0.0.1:{pick_free_ports(1)[0]}"
     argv = collect_argv(collect_stack, _tasks(tmp_path, SUM_TASK), out, "remote", "--agent-url", down,
                         "--max-attempts", "2")
     done = run_collect(argv)

@@ -23,6 +23,7 @@ from pathlib import Path
 import confluent_kafka
 from confluent_kafka.admin import AdminClient
 
+from compose.scaleout import group_assignment  # noqa: F401  (the tests import it from here)
 from compose.topics import produce_all
 from processors.replay import replay
 from schemas.codec import encode_event
@@ -231,13 +232,6 @@ def log_report(text: str, events: int = 80, stacks: int = 6000) -> str:
 def all_last_seen(work: Workload) -> Callable[[list[Record]], bool]:
     wanted = set(work.expected_last.values())
     return lambda records: wanted <= {r.value for r in records}
-
-
-def group_assignment(bootstrap: str, group: str, topic: str) -> list[set[int]]:
-    """The partitions of ``topic`` each member of ``group`` holds now."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    desc = admin.describe_consumer_groups([group])[group].result(timeout=10)
-    return [{tp.partition for tp in m.assignment.topic_partitions if tp.topic == topic} for m in desc.members]
 
 
 def topic_config(bootstrap: str, topic: str) -> dict[str, str]:
