@@ -119,11 +119,12 @@ class LocalStack:
         SIGTERM is a clean stop (SIGKILL after ``grace`` s); SIGKILL is a crash, as ``kill`` does.
         """
         service = self._service(name)
-        if sig == signal.SIGKILL:
-            self.kill(name)
-        else:
+        del self.services[name]  # first: a watcher of the stack must never see this exit as a failure
+        if sig != signal.SIGKILL:
             terminate(service.proc, grace)
-        del self.services[name]
+        elif service.proc.poll() is None:
+            os.killpg(service.proc.pid, signal.SIGKILL)
+            service.proc.wait()
         return service.proc.returncode
 
     def stop(self) -> None:
