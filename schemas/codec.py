@@ -48,6 +48,8 @@ from schemas.records import (
     Snapshot,
     SnapshotCall,
     TerminalAttribution,
+    Trace,
+    TraceAttachment,
     Trajectory,
 )
 
@@ -110,7 +112,9 @@ _NESTED: Nested = MappingProxyType({
     Snapshot: {"calls": [SnapshotCall], "incomplete_markers": [CallIncomplete], "finished": RolloutFinished},
     Trajectory: {"spans": [CallSpan], "token_ids": _U32, "log_probs": _F64},
     CaptureMetrics: {"terminal_attribution": TerminalAttribution},
-    RebuiltRollout: {"mask_reasons": [MaskReason], "trajectory": Trajectory, "metrics": CaptureMetrics},
+    Trace: {"attachment": TraceAttachment, "trajectory": Trajectory, "mask_reasons": [MaskReason]},
+    RebuiltRollout: {"mask_reasons": [MaskReason], "trajectory": Trajectory, "metrics": CaptureMetrics,
+                     "traces": [Trace]},
 })
 
 

@@ -15,6 +15,11 @@ different version, so a silent change would unlink every rollout in flight.
   ``""`` when there is no model-authored turn (the call is a root).
 - ``conversation_digest(items)``: the verifier, a hash of every item's role or
   type, content parts, tool calls and tool results.
+- ``text_digest(text)``: SHA-256 over the domain ``tokentrail-opening-text``, a zero
+  byte and the UTF-8 of the text with every whitespace run made one space and the
+  ends stripped: how a sub-agent's opening message is matched to the prompt
+  argument of the Agent/Task call that started it (capture and rebuild hash it
+  alike; ours, not NeMo Gym's).
 - ``canonicalize_tool_arguments(value)``: sorted-key compact JSON, so a harness
   that re-serialises tool arguments still matches; used for comparison only.
 
@@ -38,6 +43,7 @@ FINGERPRINT_VERSION = 1
 _TOKENS_DOMAIN = b"nemo-gym-tokens"
 _FINGERPRINT_DOMAIN = b"nemo-gym-lineage"
 _CONTEXT_DOMAIN = b"nemo-gym-lineage-context"
+_TEXT_DOMAIN = b"tokentrail-opening-text"
 _TEXT_BLOCK_TYPES = frozenset({"", "text", "input_text", "output_text"})
 _UINT64_MAX = (1 << 64) - 1
 _LITTLE_ENDIAN = sys.byteorder == "little"
@@ -62,6 +68,12 @@ def compute_digest(token_ids: Iterable[int]) -> str:
         hasher.update(struct.pack(">BQ", DIGEST_VERSION, len(ids)))
         hasher.update(packed.tobytes())
     return hasher.hexdigest()
+
+
+def text_digest(text: str) -> str:
+    """Hex SHA-256 of whitespace-normalised text; the same words, the same digest, in every process."""
+    normalised = " ".join(text.split()).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(_TEXT_DOMAIN + b"\x00" + normalised).hexdigest()
 
 
 def canonicalize_tool_arguments(value: Any) -> str:

@@ -121,6 +121,13 @@ class MaskCode(StrEnum):
     TERMINAL_EMPTY = "terminal_empty"
     TERMINAL_IS_SIDE_CALL = "terminal_is_side_call"
     TERMINAL_AMBIGUOUS = "terminal_ambiguous"
+    # --- traces (consumers.rebuild.traces; delivery_mode "traces") ---
+    # A root whose kind no evidence decides (not declared, no Agent/Task call, no summary it carries).
+    TRACE_UNCLASSIFIED = "trace_unclassified"
+    # Evidence points at more than one parent (two Agent/Task calls, two summaries): nothing is guessed.
+    TRACE_AMBIGUOUS = "trace_ambiguous"
+    # The rollout is masked because a trace whose kind masks the rollout (rules.mask_rollout_kinds) is.
+    TRACE_MASKED = "trace_masked"
     # --- record content (consumers.rebuild.validity, consumers.rebuild.trajectory) ---
     INVALID_RESULT = "invalid_result"
     NON_FINITE_LOG_PROB = "non_finite_log_prob"
@@ -153,6 +160,9 @@ class CallFacts:
     max_tokens_sent: int | None = None
     max_tokens_clamped: bool = False
     logprobs_mode: str = ""
+    trace_declared: str = ""
+    agent_name: str = ""
+    opening_text_digests: list[str] = field(default_factory=list)
 
 
 @dataclass(**_FROZEN)
@@ -328,6 +338,55 @@ class Trajectory:
             )
 
 
+class TraceKind(StrEnum):
+    """What one delivered trace of a rollout is (``Trace.kind``; wire strings, never changed)."""
+
+    MAIN = "main"  # the harness's own conversation, up to its final answer (compaction segment 0)
+    SUBAGENT = "subagent"  # a conversation the harness started for a sub-agent (Agent/Task tool, named agent)
+    COMPACTION = "compaction"  # segment k >= 1 of a conversation that restarted from a summary
+    SIDE = "side"  # side calls (title, quota probe, small model): reported, never loss-bearing
+    OTHER = "other"  # a fork inside a trace's tree, or a root nothing could classify (with a reason)
+
+
+@dataclass(**_FROZEN)
+class TraceAttachment:
+    """Where a trace hangs off its parent trace: the parent's call that led to it and, for a
+    sub-agent, the tool call whose result carries the sub-agent's answer."""
+
+    call_id: str
+    tool_call_id: str | None = None
+
+
+@dataclass(**_FROZEN)
+class Trace:
+    """One contiguous token-exact trajectory of a rollout's forest (``delivery_mode="traces"``).
+
+    Compact tree form: the trace's tokens are ``traces[prefix_trace]``'s first ``prefix_len``
+    tokens followed by ``trajectory.token_ids`` (``prefix_trace`` -1: no shared prefix, and
+    ``prefix_len`` 0). ``trajectory`` holds only this trace's own tokens; its spans are this
+    trace's own calls at positions in the whole trace (the first starts at ``prefix_len``),
+    its loss mask is 1 exactly on the tokens this trace trains on, and ``prompt_len`` is the
+    position of its first own generated token. The shared prefix is context: never
+    loss-bearing here. ``parent_trace`` is identity (which trace started this one), not
+    token sharing.
+    """
+
+    kind: str
+    label: str
+    segment: int = 0
+    parent_trace: int = -1
+    attachment: TraceAttachment | None = None
+    classified_by: str = ""
+    prefix_trace: int = -1
+    prefix_len: int = 0
+    trajectory: Trajectory | None = None
+    response_json: str | None = None
+    call_ids: list[str] = field(default_factory=list)
+    loss_tokens: int = 0
+    mask_sample: bool = False
+    mask_reasons: list[MaskReason] = field(default_factory=list)
+
+
 @dataclass(**_FROZEN)
 class TerminalAttribution:
     chain: str | None = None
@@ -367,3 +426,4 @@ class RebuiltRollout:
     response_json: str | None = None
     result_json: str = "{}"
     schema_version: int = REBUILT_SCHEMA_VERSION
+    traces: list[Trace] = field(default_factory=list)

@@ -18,7 +18,13 @@ when captured numbers are NaN or infinite); a result that is not strict JSON
 (``invalid_result``, see ``validity.checked_record``). Other roots, chains,
 boundaries and retries are reported in the metrics, never a reason by
 themselves. ``delivery_mode="gym"`` adds NeMo Gym's rules: roots != 1,
-chains != 1, any unresolved parent or retry.
+chains != 1, any unresolved parent or retry. ``delivery_mode="traces"`` delivers
+the terminal chain as ``"terminal"`` does and every trace of the forest in
+``traces`` (``consumers.rebuild.traces``); the traces decide the mask instead of
+the delivered chain's lineage: a masked trace of a kind in
+``rules.mask_rollout_kinds`` masks the rollout (``trace_masked``), a compaction
+segment linked to its summary is not an unresolved parent, and the rollout
+totals count every unmasked trace's loss-bearing tokens.
 """
 
 from __future__ import annotations
@@ -33,9 +39,10 @@ from consumers.rebuild.report import empty_metrics, metrics
 from consumers.rebuild.rules import RebuildRules
 from consumers.rebuild.sidecalls import classify_side_calls
 from consumers.rebuild.terminal import Attribution, attribute_by_evidence, attribute_by_heuristic
+from consumers.rebuild.traces import build_traces, rollout_reasons
 from consumers.rebuild.trajectory import ChainError, chain_trajectory
 from consumers.rebuild.validity import checked_record
-from schemas.records import CallCaptured, CaptureMetrics, IncompleteReason, MaskCode, MaskReason, RebuiltRollout, Snapshot, Trajectory
+from schemas.records import CallCaptured, CaptureMetrics, IncompleteReason, MaskCode, MaskReason, RebuiltRollout, Snapshot, Trace, Trajectory
 
 _DEFAULT_RULES = RebuildRules()
 
@@ -84,6 +91,9 @@ def _rebuild(snapshot: Snapshot, rules: RebuildRules, reasons: list[MaskReason])
     delivered = ancestry(attribution.node) if attribution.node is not None else None
     if rules.delivery_mode == "gym" or not forest.live:
         reasons.extend(_no_policy_reasons(forest))
+    elif rules.delivery_mode == "traces":
+        # The traces decide: a broken main (or segment) masks the rollout, a broken sub-agent only itself.
+        reasons.extend(_attribution_reasons(attribution))
     else:
         reasons.extend(_delivery_reasons(attribution, delivered, unresolved_retries))
     trajectory: Trajectory | None = None
@@ -100,9 +110,17 @@ def _rebuild(snapshot: Snapshot, rules: RebuildRules, reasons: list[MaskReason])
             code = exc.code if isinstance(exc, ChainError) else MaskCode.BUILD_ERROR
             reasons.append(MaskReason(code=code, detail=error, call_ids=[n.call_id for n in delivered]))
     m = metrics(snapshot, forest, all_chains, delivered, attribution, unresolved_retries, trajectory, error)
+    traces: list[Trace] = []
+    if rules.delivery_mode == "traces" and forest.live:
+        known = {id(delivered[-1]): trajectory} if delivered and trajectory is not None else None
+        traces, identity_reasons = build_traces(forest, attribution.node, unresolved_retries, rules,
+                                                snapshot.rollout_id, known)
+        reasons.extend(identity_reasons)
+        reasons.extend(rollout_reasons(traces, rules))
+        m = _with_trace_totals(m, traces)
     if error is None and not forest.live:
         m = _with_error(m, reasons[-1].detail if reasons else None)
-    return _record(snapshot, reasons, trajectory, response, m)
+    return _record(snapshot, reasons, trajectory, response, m, traces)
 
 
 def _snapshot_reasons(snapshot: Snapshot, rules: RebuildRules) -> list[MaskReason]:
@@ -146,9 +164,7 @@ def _delivery_reasons(
     attribution: Attribution, delivered: list[Node] | None, unresolved_retries: list[list[str]]
 ) -> list[MaskReason]:
     if attribution.failure is not None:
-        ids = attribution.notes.get("ambiguous_children") or (
-            [attribution.notes["declared_call_id"]] if "declared_call_id" in attribution.notes else [])
-        return [MaskReason(code=attribution.failure, detail=attribution.detail, call_ids=list(ids))]
+        return _attribution_reasons(attribution)
     reasons = []
     assert delivered is not None
     root, terminal = delivered[0], delivered[-1]
@@ -163,6 +179,14 @@ def _delivery_reasons(
                                       detail="the terminal call was retried and nothing says which retry was kept",
                                       call_ids=group))
     return reasons
+
+
+def _attribution_reasons(attribution: Attribution) -> list[MaskReason]:
+    if attribution.failure is None:
+        return []
+    ids = attribution.notes.get("ambiguous_children") or (
+        [attribution.notes["declared_call_id"]] if "declared_call_id" in attribution.notes else [])
+    return [MaskReason(code=attribution.failure, detail=attribution.detail, call_ids=list(ids))]
 
 
 def _gym_reasons(forest: Forest, all_chains: list[list[Node]], unresolved_retries: list[list[str]]) -> list[MaskReason]:
@@ -187,8 +211,16 @@ def _with_error(m: CaptureMetrics, error: str | None) -> CaptureMetrics:
     return dataclasses.replace(m, error=error)
 
 
+def _with_trace_totals(m: CaptureMetrics, traces: list[Trace]) -> CaptureMetrics:
+    """Traces mode delivers every unmasked trace's loss-bearing tokens, not only the terminal chain's."""
+    delivered = sum(t.loss_tokens for t in traces if not t.mask_sample)
+    captured = m.generated_tokens_captured
+    return dataclasses.replace(m, generated_tokens_delivered=delivered,
+                               delivered_fraction=round(delivered / captured, 4) if captured else 0.0)
+
+
 def _record(snapshot: Snapshot, reasons: list[MaskReason], trajectory: Trajectory | None, response: str | None,
-            metrics_: CaptureMetrics) -> RebuiltRollout:
+            metrics_: CaptureMetrics, traces: list[Trace] | None = None) -> RebuiltRollout:
     # The result is the finisher's opaque text: a result that is not strict JSON masks (invalid_result),
     # kept as a string, so that no sink can be stopped by it.
     return checked_record(RebuiltRollout(
@@ -201,4 +233,5 @@ def _record(snapshot: Snapshot, reasons: list[MaskReason], trajectory: Trajector
         response_json=response,
         result_json=snapshot.finished.result_json,
         metrics=metrics_,
+        traces=traces or [],
     ))

@@ -140,3 +140,20 @@ def ancestry(node: Node) -> list[Node]:
 
 def live_children(node: Node) -> list[Node]:
     return [c for c in node.children if not c.quarantined]
+
+
+def side_groups(forest: Forest) -> list[list[Node]]:
+    """Side calls grouped by the topmost side call of their captured lineage (seq order inside)."""
+    nodes = forest.links.nodes
+    groups: dict[str, list[Node]] = {}
+    for node in forest.side:
+        top = node
+        seen = {id(top)}
+        while True:
+            parent = nodes.get(top.call.parent_call_id or "")
+            if parent is None or parent.side is None or id(parent) in seen:
+                break
+            seen.add(id(parent))
+            top = parent
+        groups.setdefault(top.call_id, []).append(node)
+    return [groups[k] for k in sorted(groups, key=lambda cid: nodes[cid].order_key)]

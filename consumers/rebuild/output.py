@@ -1,9 +1,14 @@
 """The JSON form of a rebuilt rollout (one object per rollout; what the JSONL sink writes).
 
 ``{rollout_id, snapshot_id, version, mask_sample, mask_reasons, trajectory,
-response, result, _ng_token_capture}``. ``mask_sample`` is always present (a
+response, result, _ng_token_capture}``, and ``traces`` when the rollout was
+rebuilt with ``delivery_mode="traces"``. ``mask_sample`` is always present (a
 trainer never has to infer health from a missing key). ``_ng_token_capture``
-holds the metrics and, merged in, the lists of ``detail_json``.
+holds the metrics and, merged in, the lists of ``detail_json``. Each trace is
+in compact tree form (its own tokens after ``prefix_len`` tokens of
+``traces[prefix_trace]``; ``consumers.rebuild.tree.expand_trace`` joins them)
+with its own ``mask_sample``, reasons, projection and ``_ng_token_capture``
+(``calls``, ``loss_tokens``, ``context_tokens``).
 
 Both renderers pass the record through ``validity.checked_record`` first, so
 the output is always strict JSON (no NaN, no Infinity) and a record whose
@@ -17,7 +22,7 @@ import json
 from typing import Any
 
 from consumers.rebuild.validity import checked_record
-from schemas.records import RebuiltRollout
+from schemas.records import RebuiltRollout, Trace, Trajectory
 
 _RESPONSE_SLOT = '"response":null'
 
@@ -28,6 +33,11 @@ def to_json_dict(rollout: RebuiltRollout, *, include_response: bool = True) -> d
     out = _skeleton(rollout)
     if include_response and rollout.response_json:
         out["response"] = json.loads(rollout.response_json)
+    if rollout.traces:
+        out["traces"] = [_trace_skeleton(t) for t in rollout.traces]
+        if include_response:
+            for rendered, trace in zip(out["traces"], rollout.traces):
+                rendered["response"] = json.loads(trace.response_json) if trace.response_json else None
     return out
 
 
@@ -42,38 +52,78 @@ def to_json_line(rollout: RebuiltRollout, *, include_response: bool = True) -> b
     if include_response and rollout.response_json:
         # The first occurrence is the key itself: no earlier value can contain an unescaped quote.
         text = text.replace(_RESPONSE_SLOT, '"response":' + rollout.response_json, 1)
+    if rollout.traces:
+        traces = ",".join(_trace_text(t, include_response) for t in rollout.traces)
+        text = text[:-1] + ',"traces":[' + traces + "]}"
     # A lone surrogate (only a record built in Python can hold one) has no UTF-8 form: it is written as
     # its \\uXXXX escape, which reads back as the same character (here a backslash only starts escapes).
     return text.encode("utf-8", "backslashreplace") + b"\n"
 
 
+def _trace_text(trace: Trace, include_response: bool) -> str:
+    text = json.dumps(_trace_skeleton(trace), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    if include_response and trace.response_json:
+        text = text.replace(_RESPONSE_SLOT, '"response":' + trace.response_json, 1)  # as above: the key itself
+    return text
+
+
+def _trace_skeleton(trace: Trace) -> dict[str, Any]:
+    traj = trace.trajectory
+    own_prompt = (len(traj.loss_mask) - traj.loss_mask.count(1)) if traj is not None else 0
+    return {
+        "kind": trace.kind,
+        "label": trace.label,
+        "segment": trace.segment,
+        "parent_trace": trace.parent_trace,
+        "attachment": None if trace.attachment is None else {
+            "call_id": trace.attachment.call_id, "tool_call_id": trace.attachment.tool_call_id},
+        "classified_by": trace.classified_by,
+        "prefix_trace": trace.prefix_trace,
+        "prefix_len": trace.prefix_len,
+        "mask_sample": trace.mask_sample,
+        "mask_reasons": _reasons(trace.mask_reasons),
+        "call_ids": trace.call_ids,
+        "trajectory": _trajectory(traj),
+        "response": None,
+        "_ng_token_capture": {"calls": len(trace.call_ids), "loss_tokens": trace.loss_tokens,
+                              "context_tokens": trace.prefix_len + own_prompt},
+    }
+
+
+def _reasons(reasons) -> list[dict[str, Any]]:
+    return [{"code": r.code, "detail": r.detail, "call_ids": r.call_ids} for r in reasons]
+
+
+def _trajectory(traj: Trajectory | None) -> dict[str, Any] | None:
+    if traj is None:
+        return None
+    return {
+        "token_ids": traj.token_ids,
+        "loss_mask": list(traj.loss_mask),
+        "log_probs": traj.log_probs,
+        "prompt_len": traj.prompt_len,
+        "spans": [
+            {
+                "model_call_id": s.model_call_id,
+                "start": s.start,
+                "generation_start": s.generation_start,
+                "end": s.end,
+                "policy_version": s.policy_version,
+            }
+            for s in traj.spans
+        ],
+    }
+
+
 def _skeleton(rollout: RebuiltRollout) -> dict[str, Any]:
     m = rollout.metrics
-    traj = rollout.trajectory
     return {
         "rollout_id": rollout.rollout_id,
         "snapshot_id": rollout.snapshot_id,
         "version": rollout.version,
         "mask_sample": rollout.mask_sample,
-        "mask_reasons": [{"code": r.code, "detail": r.detail, "call_ids": r.call_ids} for r in rollout.mask_reasons],
-        "trajectory": None
-        if traj is None
-        else {
-            "token_ids": traj.token_ids,
-            "loss_mask": list(traj.loss_mask),
-            "log_probs": traj.log_probs,
-            "prompt_len": traj.prompt_len,
-            "spans": [
-                {
-                    "model_call_id": s.model_call_id,
-                    "start": s.start,
-                    "generation_start": s.generation_start,
-                    "end": s.end,
-                    "policy_version": s.policy_version,
-                }
-                for s in traj.spans
-            ],
-        },
+        "mask_reasons": _reasons(rollout.mask_reasons),
+        "trajectory": _trajectory(rollout.trajectory),
         "response": None,
         "result": json.loads(rollout.result_json),
         "_ng_token_capture": {

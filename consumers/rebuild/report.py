@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from consumers.rebuild.graph import Forest
+from consumers.rebuild.graph import Forest, side_groups
 from consumers.rebuild.links import Node
 from consumers.rebuild.terminal import Attribution
 from schemas.records import CaptureMetrics, Snapshot, TerminalAttribution, Trajectory
@@ -117,7 +117,7 @@ def chain_reports(forest: Forest, all_chains: list[list[Node]], delivered: list[
             kind = "other_root"
         reports.append(_report(f"branch-{branch}", kind, chain))
         branch += 1
-    for index, group in enumerate(_side_groups(forest)):
+    for index, group in enumerate(side_groups(forest)):
         reports.append(_report(f"side-{index}", "side", group))
     return reports
 
@@ -129,20 +129,3 @@ def _report(label: str, kind: str, nodes: list[Node]) -> dict[str, Any]:
         "call_ids": [n.call_id for n in nodes],
         "generated_tokens": sum(len(n.generation) for n in nodes),
     }
-
-
-def _side_groups(forest: Forest) -> list[list[Node]]:
-    """Side calls grouped by the topmost side call of their captured lineage (seq order inside)."""
-    nodes = forest.links.nodes
-    groups: dict[str, list[Node]] = {}
-    for node in forest.side:
-        top = node
-        seen = {id(top)}
-        while True:
-            parent = nodes.get(top.call.parent_call_id or "")
-            if parent is None or parent.side is None or id(parent) in seen:
-                break
-            seen.add(id(parent))
-            top = parent
-        groups.setdefault(top.call_id, []).append(node)
-    return [groups[k] for k in sorted(groups, key=lambda cid: nodes[cid].order_key)]

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from schemas.errors import ConfigError
+from schemas.records import TraceKind
 
 TERMINAL_METHODS = ("declared", "content", "heuristic")
-DELIVERY_MODES = ("terminal", "gym")
+DELIVERY_MODES = ("terminal", "gym", "traces")
+TRACE_KINDS = tuple(kind.value for kind in TraceKind)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -27,7 +29,9 @@ class RebuildRules:
     - ``delivery_mode``: ``"terminal"`` delivers the ancestry of the call that
       produced the harness's final answer and reports every other chain;
       ``"gym"`` reproduces NeMo Gym's decision (earliest root's chain; mask when
-      roots != 1, chains != 1, or any unresolved parent or retry anywhere).
+      roots != 1, chains != 1, or any unresolved parent or retry anywhere);
+      ``"traces"`` delivers what ``"terminal"`` does and, in ``traces``, the
+      whole verified forest: every trace labelled (``consumers.rebuild.traces``).
     - ``terminal_methods``: which evidence may attribute the terminal, in
       precedence order ``declared`` (the final response id names the call) >
       ``content`` (exactly one call produced the final text) > ``heuristic``
@@ -49,6 +53,19 @@ class RebuildRules:
       captured call, that generated at most this many tokens, in a rollout whose
       other calls do offer tools, is a side call (title/quota probes). 0 turns
       the rule off.
+
+    Traces (``delivery_mode="traces"``)
+    - ``subagent_tools``: tool names whose call starts a sub-agent (Claude Code's
+      ``Agent``, formerly ``Task``); the call's ``prompt`` argument is the
+      sub-agent's opening message, its ``subagent_type`` (else ``description``)
+      the label.
+    - ``compaction_min_tokens``: a root that carries a run of at least this many
+      tokens of an earlier call's generation starts a compaction segment linked
+      to that call (a shorter generation must appear whole).
+    - ``train_summaries``: a compaction summary's generation is loss-bearing in
+      the segment that produced it; off, it is context only.
+    - ``mask_rollout_kinds``: a masked trace of one of these kinds masks the
+      rollout (``trace_masked``); others mask only themselves.
     """
 
     delivery_mode: str = "terminal"
@@ -59,6 +76,10 @@ class RebuildRules:
     policy_model: str | None = None
     self_calibrate: bool = True
     toolless_max_tokens: int = 64
+    subagent_tools: tuple[str, ...] = ("Agent", "Task")
+    compaction_min_tokens: int = 16
+    train_summaries: bool = True
+    mask_rollout_kinds: tuple[str, ...] = ("main", "compaction")
 
     def __post_init__(self) -> None:
         if self.delivery_mode not in DELIVERY_MODES:
@@ -79,6 +100,16 @@ class RebuildRules:
             raise ConfigError("policy_model must be a model name or unset, not an empty string")
         if not isinstance(self.toolless_max_tokens, int) or self.toolless_max_tokens < 0:
             raise ConfigError(f"toolless_max_tokens={self.toolless_max_tokens!r}: must be an integer >= 0")
+        tools = tuple(self.subagent_tools)
+        if any(not isinstance(t, str) or not t.strip() for t in tools):
+            raise ConfigError(f"subagent_tools={list(tools)!r}: tool names must be non-empty strings")
+        object.__setattr__(self, "subagent_tools", tools)
+        if not isinstance(self.compaction_min_tokens, int) or self.compaction_min_tokens < 1:
+            raise ConfigError(f"compaction_min_tokens={self.compaction_min_tokens!r}: must be an integer >= 1")
+        kinds = tuple(self.mask_rollout_kinds)
+        if any(k not in TRACE_KINDS for k in kinds):
+            raise ConfigError(f"mask_rollout_kinds={list(kinds)!r}: each must be one of {list(TRACE_KINDS)}")
+        object.__setattr__(self, "mask_rollout_kinds", tuple(k for k in TRACE_KINDS if k in kinds))
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None) -> RebuildRules:
@@ -88,7 +119,7 @@ class RebuildRules:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"unknown rebuild rule(s) {unknown}; known rules: {sorted(known)}")
-        for name in ("terminal_methods", "side_call_models"):
+        for name in _LIST_RULES:
             if name in values:
                 if isinstance(values[name], str):
                     raise ConfigError(f"{name} must be a list of strings, not the string {values[name]!r}")
@@ -98,6 +129,9 @@ class RebuildRules:
     def to_mapping(self) -> dict[str, Any]:
         """The rules as a JSON-ready mapping (lists for tuples)."""
         out = dataclasses.asdict(self)
-        out["terminal_methods"] = list(self.terminal_methods)
-        out["side_call_models"] = list(self.side_call_models)
+        for name in _LIST_RULES:
+            out[name] = list(getattr(self, name))
         return out
+
+
+_LIST_RULES = ("terminal_methods", "side_call_models", "subagent_tools", "mask_rollout_kinds")

@@ -45,8 +45,13 @@ def classify_side_calls(calls: list[CallCaptured], rules: RebuildRules) -> dict[
     side: dict[str, SideCall] = {}
 
     def mark(call: CallCaptured, rule: str) -> None:
+        if call.facts.trace_declared and rule != "declared":
+            return  # declared by the harness: no inference overrides it
         side.setdefault(call.model_call_id, SideCall(call.model_call_id, rule, call.facts.requested_model))
 
+    for call in calls:
+        if call.facts.trace_declared.partition(":")[0] == "side":
+            mark(call, "declared")
     if rules.side_call_models:
         for call in calls:
             model = call.facts.requested_model.lower()

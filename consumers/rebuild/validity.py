@@ -19,7 +19,9 @@ is valid, and otherwise a copy that is masked with a reason per problem:
 - ``non_finite_value``: the projection or a metric holds a non-finite number
   (the projection is withheld; a metric is reported as 0.0).
 - ``invalid_record``: the projection is not a JSON object (withheld), or the
-  metrics' detail is not one (kept as a string).
+  metrics' detail is not one (kept as a string);
+- the same per trace (``delivery_mode="traces"``): the trace withholds the part
+  and is masked, and the rollout carries the reason too.
 
 ``rebuild`` applies it to everything it returns, and every built-in sink
 applies it again before writing (a no-op for a record that came from
@@ -34,7 +36,7 @@ import math
 from typing import Any
 
 from schemas.errors import TokentrailError
-from schemas.records import CaptureMetrics, MaskCode, MaskReason, RebuiltRollout, Trajectory
+from schemas.records import CaptureMetrics, MaskCode, MaskReason, RebuiltRollout, Trace, Trajectory
 
 _QUOTE = 120  # characters of an offending text quoted in a mask reason
 _METRIC_FLOATS = ("delivered_fraction", "quarantined_fraction")
@@ -144,6 +146,11 @@ def checked_record(rollout: RebuiltRollout) -> RebuiltRollout:
             ))
             changes["response_json"] = None
 
+    traces, trace_reasons = _checked_traces(rollout.traces)
+    if trace_reasons:
+        reasons += trace_reasons
+        changes["traces"] = traces
+
     metrics, metric_reasons = _checked_metrics(rollout.metrics)
     if metric_reasons:
         reasons += metric_reasons
@@ -152,6 +159,31 @@ def checked_record(rollout: RebuiltRollout) -> RebuiltRollout:
     if not reasons:
         return rollout
     return dataclasses.replace(rollout, mask_sample=True, mask_reasons=[*rollout.mask_reasons, *reasons], **changes)
+
+
+def _checked_traces(traces: list[Trace]) -> tuple[list[Trace], list[MaskReason]]:
+    """Each trace withholds what cannot render (its trajectory, its projection) and is masked with the
+    reason; the rollout is masked too, naming the trace: a record with a corrupt part is not trusted whole."""
+    out: list[Trace] = []
+    rollout_reasons: list[MaskReason] = []
+    for index, trace in enumerate(traces):
+        found: list[MaskReason] = []
+        changes: dict[str, Any] = {}
+        if trace.trajectory is not None and (bad := first_non_finite(trace.trajectory.log_probs)) is not None:
+            found.append(MaskReason(code=MaskCode.NON_FINITE_LOG_PROB, call_ids=list(trace.call_ids),
+                                    detail=f"trace {index} log_probs[{bad[0]}] = {bad[1]!r} is not a finite number; "
+                                           "its trajectory and projection are withheld"))
+            changes["trajectory"], changes["response_json"] = None, None
+        response = changes.get("response_json", trace.response_json)
+        if response is not None and (problem := _response_problem(response)) is not None:
+            found.append(MaskReason(code=problem[0], call_ids=list(trace.call_ids),
+                                    detail=f"trace {index} response_json is not valid JSON: {problem[1]}; withheld"))
+            changes["response_json"] = None
+        if found:
+            trace = dataclasses.replace(trace, mask_sample=True, mask_reasons=[*trace.mask_reasons, *found], **changes)
+            rollout_reasons += found
+        out.append(trace)
+    return out, rollout_reasons
 
 
 def _response_problem(response: Any) -> tuple[MaskCode, str] | None:

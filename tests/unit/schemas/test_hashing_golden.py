@@ -10,6 +10,7 @@ from schemas.hashing import (
     compute_digest,
     conversation_digest,
     conversation_prefix_digests,
+    text_digest,
 )
 
 TOOL_FP = "82955bc805cccaf9d2faa840479ff6c30420d20e42bf2bc1ebef14d679ec3768"
@@ -159,3 +160,17 @@ def test_non_object_items_fail_closed():
         conversation_digest(["not a message"])
     with pytest.raises(ValueError, match="JSON object"):
         assistant_fingerprint([42])
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # hashlib.sha256(b"tokentrail-opening-text\x00Explore the repo"): the layout, computed independently.
+        ("Explore the repo", "e0a0c0a987d885ba27cfa57bf2e274f3a07683d68673e37250e01ad4d4fddf54"),
+        ("  Explore\n the\t  repo ", "e0a0c0a987d885ba27cfa57bf2e274f3a07683d68673e37250e01ad4d4fddf54"),
+        ("", "0bfbd8fc2de8b205e1b0eb190787ea08ea958d00ef6ecd0d23efe41b1bc6c5a1"),
+    ],
+)
+def test_text_digest_golden(text, expected):
+    # Capture hashes a sub-agent's opening message, rebuild the Agent/Task call's prompt argument.
+    assert text_digest(text) == expected
