@@ -14,6 +14,15 @@ can be produced faster than that copy, and the ratio shows how far above it
 the rebuild is. ``--gym-src`` (a checkout of NVIDIA-NeMo/Gym, never
 vendored here) also times NeMo Gym's builder with its projection on the same
 rollouts, in the same process, and prints the ratio.
+
+``--tree`` (on by default) then times ``delivery_mode="traces"`` on a tree of
+the largest size (``compose.bench._rebuild_tree``: a main chain in 3 segments
+joined by 2 compactions, and 8 sub-agents) against terminal mode on a single
+chain of the same calls and unique tokens, timed in the same run. Budget: the
+traces, without the projection, within 2x of the single chain. It also prints
+the traces by kind and the compact tree's stored tokens against the unique
+tokens counted from the snapshot alone (equal when nothing is stored twice)
+and against every trace written out whole.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from typing import Any
 
 BUDGET_COMPACT_MS = 5.0
 BUDGET_PROJECTED_MS = 25.0
+BUDGET_TREE_RATIO = 2.0
 DEFAULT_CALLS = (10, 50, 100, 200)
 DEFAULT_TOKENS = (8_192, 32_768, 131_072)
 
@@ -35,6 +45,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, nargs="+", default=list(DEFAULT_TOKENS))
     parser.add_argument("--repeat", type=int, default=7, help="runs per measurement (median reported)")
     parser.add_argument("--gym-src", help="path of a NeMo Gym checkout: also time its builder + projection")
+    parser.add_argument("--tree", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time traces mode on a tree (main + 8 sub-agents + 2 compactions) of the largest size")
 
 
 def synth_snapshot(n_calls: int, n_tokens: int, rollout_id: str = "bench") -> Any:
@@ -126,6 +138,43 @@ def main(args: argparse.Namespace) -> int:
               f"{BUDGET_PROJECTED_MS:g} ms ({_verdict(p_ms, BUDGET_PROJECTED_MS)})")
         print(f"floor: the projection is {size / 1e6:.1f} MB of JSON; one copy of it takes {copy_ms:.2f} ms here, "
               f"so the rebuild with the projection is {p_ms / copy_ms:.1f}x one copy")
+    if getattr(args, "tree", False):
+        return _tree(max(args.calls), max(args.tokens), args.repeat)
+    return 0
+
+
+def _tree(n_calls: int, n_tokens: int, repeat: int) -> int:
+    """Traces mode on the tree against terminal mode on one chain of the same size, and the tree's size."""
+    from collections import Counter
+
+    from compose.bench._rebuild_tree import synth_tree_snapshot, unique_tokens
+    from consumers.rebuild import RebuildRules, rebuild
+    from consumers.rebuild.tree import tree_sizes
+    from schemas.records import TraceKind
+
+    tree = synth_tree_snapshot(n_calls, n_tokens)
+    chain = synth_snapshot(n_calls, n_tokens)
+    traces, projected = RebuildRules(delivery_mode="traces", project_response=False), RebuildRules(delivery_mode="traces")
+    out = rebuild(tree, traces)
+    kinds = Counter(t.kind for t in out.traces)
+    masked = sum(t.mask_sample for t in out.traces)
+    if out.mask_sample or masked or (kinds["main"], kinds["subagent"], kinds["compaction"]) != (1, 8, 2):
+        print(f"benchmark tree is wrong: traces {dict(kinds)}, {masked} masked, {out.mask_reasons}", file=sys.stderr)
+        return 1
+    chain_ms = _median_ms(lambda: rebuild(chain, RebuildRules(project_response=False)), repeat)
+    t_ms = _median_ms(lambda: rebuild(tree, traces), repeat)
+    tp_ms = _median_ms(lambda: rebuild(tree, projected), repeat)
+    sizes, unique = tree_sizes(out), unique_tokens(tree)
+    at = f"{n_calls} calls / {n_tokens} tokens"
+    print(f"tree: {at}, {len(out.traces)} traces: "
+          + ", ".join(f"{kinds[k.value]} {k.value}" for k in TraceKind if kinds[k.value]))
+    print(f"tree: traces mode {t_ms:.2f} ms, with the projection {tp_ms:.2f} ms; "
+          f"one chain of the same size in terminal mode {chain_ms:.2f} ms")
+    print(f"budget: {at} traces mode {t_ms / chain_ms:.2f}x the single chain, of {BUDGET_TREE_RATIO:g}x "
+          f"({_verdict(t_ms, BUDGET_TREE_RATIO * chain_ms)})")
+    print(f"tree size: the compact tree stores {sizes.stored_tokens} tokens; the snapshot holds {unique} unique "
+          f"tokens ({sizes.stored_tokens / unique:.3f}x); written out whole {sizes.expanded_tokens} tokens "
+          f"({sizes.expanded_tokens / sizes.stored_tokens:.3f}x the compact tree)")
     return 0
 
 

@@ -1,14 +1,25 @@
 """``tokentrail replay``: why was this rollout masked, and what would change it.
 
     tokentrail replay --bootstrap B --rollout ID [--rollout ID ...] [--from T] [--until T]
-                      [--rules FILE] [--format text|json]
-    tokentrail replay --bootstrap B --summary [--from T] [--until T] [--format text|json] [--html FILE]
+                      [--rules FILE] [--delivery traces|terminal|gym] [--format text|json]
+    tokentrail replay --bootstrap B --summary [--from T] [--until T] [--rules FILE]
+                      [--delivery traces|terminal|gym] [--format text|json] [--html FILE]
 
 Reads ``tokentrail.rollout-events`` directly (no consumer group, nothing
 committed, no processor needed), runs the same pure fold and rebuild as the
 live pipeline, and explains the result. With ``--rules`` it also rebuilds under
 those rules and prints what would change. Times: ISO (2026-11-30T01:00:00Z),
 epoch seconds, ``90m``/``2h``/``1d`` ago, or ``offset:N`` (single rollouts).
+
+``--delivery traces|terminal|gym`` overrides ``delivery_mode`` of the rules in
+play: of ``--rules`` when given, else of the rules the replay itself uses (the
+defaults; for ``--summary`` the defaults without response projection). So
+``--rollout ID --delivery traces`` explains the rollout with its trace tree,
+``--rollout ID --rules F --delivery traces`` explains it under the defaults and
+then lists what F, delivering traces, changes (trace counts per kind included)
+and prints that trace tree, and ``--summary --delivery traces`` also counts
+traces and masked traces per kind.
+
 ``tokentrail replay --last-demo`` (``make why``) is ``compose.replay_cli``: finding
 the demo's broker is compose's job, and consumers never import compose.
 """
@@ -16,12 +27,15 @@ the demo's broker is compose's job, and consumers never import compose.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from consumers.rebuild.rules import DELIVERY_MODES
+
     parser.add_argument("--bootstrap", help="Kafka bootstrap servers host:port")
     parser.add_argument("--rollout", action="append", default=[], help="rollout id to explain (repeatable)")
     parser.add_argument("--summary", action="store_true", help="summarise every rollout finished in the range")
@@ -29,6 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--until", help="end of the range (time or offset:N)")
     parser.add_argument("--lookback", default="1h", help="summary: read this much before --from (default 1h)")
     parser.add_argument("--rules", type=Path, help="JSON file of rebuild rules to re-decide under")
+    parser.add_argument("--delivery", choices=list(DELIVERY_MODES),
+                        help="override the rules' delivery_mode: of --rules when given, else of the replay's own "
+                             "rules (traces: show the trace tree / count traces per kind)")
     parser.add_argument("--format", choices=["text", "json"], default="text")
     parser.add_argument("--html", type=Path, help="summary: also write an HTML report here")
     parser.add_argument("--topic-prefix", default="", help="prefix of every topic name")
@@ -50,17 +67,26 @@ def main(args: argparse.Namespace) -> int:
         new_rules = None
         if args.rules is not None:
             new_rules = RebuildRules.from_mapping(json.loads(args.rules.read_text()))
+        delivery = getattr(args, "delivery", None)  # absent from a Namespace built by an older caller
         if args.summary:
-            return _summary(args, since, until, new_rules)
-        return _rollouts(args, since, until, new_rules)
+            rules = _delivering(new_rules or RebuildRules(project_response=False), delivery)
+            return _summary(args, since, until, rules)
+        if new_rules is None:
+            return _rollouts(args, since, until, _delivering(RebuildRules(), delivery), None)
+        return _rollouts(args, since, until, RebuildRules(), _delivering(new_rules, delivery))
     except (TokentrailError, OSError, ValueError) as exc:
         print(f"tokentrail replay: {exc}", file=sys.stderr)
         return 2
 
 
-def _rollouts(args, since, until, new_rules) -> int:
+def _delivering(rules, delivery: str | None):
+    """``rules`` with ``delivery_mode`` replaced by ``--delivery`` when that was given."""
+    return rules if delivery is None else dataclasses.replace(rules, delivery_mode=delivery)
+
+
+def _rollouts(args, since, until, rules, new_rules) -> int:
     from consumers.replay.eventlog import EventLog
-    from consumers.replay.explain import explain
+    from consumers.replay.explain import explain, trace_changes, trace_tree
     from consumers.rebuild import rebuild
     from consumers.rebuild.output import to_json_dict
     from consumers.replay.rollouts import replay_rollout, rule_changes
@@ -70,10 +96,11 @@ def _rollouts(args, since, until, new_rules) -> int:
     documents = []
     try:
         for rollout_id in args.rollout:
-            result = replay_rollout(log, rollout_id, since=since, until=until)
-            changes = None
+            result = replay_rollout(log, rollout_id, rules=rules, since=since, until=until)
+            changes = redecided = None
             if new_rules is not None and result.snapshot is not None:
-                changes = rule_changes(result.rollout, rebuild(result.snapshot, new_rules))
+                redecided = rebuild(result.snapshot, new_rules)
+                changes = rule_changes(result.rollout, redecided) + trace_changes(result.rollout, redecided)
             if args.format == "json":
                 documents.append({
                     "rollout_id": rollout_id,
@@ -85,9 +112,14 @@ def _rollouts(args, since, until, new_rules) -> int:
                 continue
             print(explain(result))
             if changes is not None:
-                print(f"\nunder {args.rules}: " + ("no change" if not changes else ""))
+                under = " with ".join([str(args.rules), *([f"--delivery {args.delivery}"] if getattr(
+                    args, "delivery", None) else [])])
+                print(f"\nunder {under}: " + ("no change" if not changes else ""))
                 for change in changes:
                     print(f"  - {change}")
+                tree = trace_tree(redecided) if redecided.traces else []
+                if tree and tree != trace_tree(result.rollout):
+                    print("\n".join(["", f"under {under}, {tree[0]}", *tree[1:]]))
             print()
     finally:
         log.close()
@@ -96,9 +128,8 @@ def _rollouts(args, since, until, new_rules) -> int:
     return 0
 
 
-def _summary(args, since, until, new_rules) -> int:
+def _summary(args, since, until, rules) -> int:
     from consumers.replay.eventlog import EventLog
-    from consumers.rebuild import RebuildRules
     from consumers.replay.rollouts import parse_duration
     from consumers.replay.report_html import render_html
     from consumers.replay.summary import render_text, summarize
@@ -108,7 +139,6 @@ def _summary(args, since, until, new_rules) -> int:
         print("tokentrail replay: --summary takes times, not offsets", file=sys.stderr)
         return 2
     lookback_s = parse_duration(args.lookback, name="--lookback")
-    rules = new_rules or RebuildRules(project_response=False)
     log = EventLog(args.bootstrap, topic_names(args.topic_prefix).rollout_events)
     try:
         data = summarize(log, since_ms=since.time_ms, until_ms=until.time_ms,

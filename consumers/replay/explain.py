@@ -5,18 +5,25 @@ record) and returns text. Every statement comes from the records themselves:
 how the processor decided each link (``lineage_note``), which calls the rebuild
 quarantined, excluded as side calls or delivered (``detail_json``), how the
 terminal was attributed, and every mask reason with the calls it names.
+A rollout rebuilt with ``delivery_mode="traces"`` also gets its trace tree
+(``trace_tree``): one line per trace, indented under the trace that started it;
+terminal and gym records print exactly as before (they carry no traces).
 """
 
 from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
+from collections.abc import Iterable
 from typing import Any
 
 from consumers.replay.rollouts import ReplayResult
 from schemas.records import (
-    CallCaptured, CallIncomplete, CallStarted, RebuiltRollout, RetireRequested, RolloutFinished, Snapshot,
+    CallCaptured, CallIncomplete, CallStarted, RebuiltRollout, RetireRequested, RolloutFinished, Snapshot, Trace,
+    TraceKind,
 )
+
+_KIND_ORDER = [k.value for k in TraceKind]
 
 
 def explain(result: ReplayResult) -> str:
@@ -38,13 +45,15 @@ def explain(result: ReplayResult) -> str:
                      f"(response id {snapshot.finished.final_response_id or '-'})")
     lines += ["", "events"] + _events(result)
     detail = json.loads(rollout.metrics.detail_json)
-    lines += ["", "call tree (parent links as the processor verified them)"] + _tree(snapshot, detail)
+    lines += ["", "call tree (parent links as the processor verified them)"] + _tree(snapshot, detail, rollout.traces)
     if snapshot.incomplete_markers:
         lines += ["", "incomplete markers (calls whose tokens were lost)"]
         for m in snapshot.incomplete_markers:
             status = f" HTTP {m.http_status}" if m.http_status else ""
             lines.append(f"  - call {_short(m.model_call_id)}: {m.reason}{status} {m.route} {_quote(m.detail)}")
     lines += ["", *_delivery(rollout, detail)]
+    if rollout.traces:
+        lines += ["", *trace_tree(rollout)]
     lines += ["", f"decision: {'MASKED' if rollout.mask_sample else 'deliver (mask_sample: false)'}"]
     for reason in rollout.mask_reasons:
         calls = f" [calls {', '.join(_short(c) for c in reason.call_ids)}]" if reason.call_ids else ""
@@ -86,7 +95,7 @@ def _describe(event: Any) -> str:
     return type(body).__name__
 
 
-def _tree(snapshot: Snapshot, detail: dict[str, Any]) -> list[str]:
+def _tree(snapshot: Snapshot, detail: dict[str, Any], traces: list[Trace]) -> list[str]:
     calls = {sc.call.model_call_id: sc for sc in snapshot.calls}
     children: dict[str | None, list[str]] = {}
     for cid, sc in calls.items():
@@ -95,6 +104,9 @@ def _tree(snapshot: Snapshot, detail: dict[str, Any]) -> list[str]:
     for kids in children.values():
         kids.sort(key=lambda c: (calls[c].call.created_at, c))
     tags = _tags(detail)
+    for index, trace in enumerate(traces):
+        for cid in trace.call_ids:
+            tags.setdefault(cid, []).append(f"trace #{index} {trace.kind}")
     out: list[str] = []
     stack = [(cid, "", True, True) for cid in reversed(children.get(None, []))]
     while stack:
@@ -155,6 +167,91 @@ def _delivery(rollout: RebuiltRollout, detail: dict[str, Any]) -> list[str]:
             out.append(f"  reported, not trained: {report['label']} ({report['kind']}) "
                        f"{' -> '.join(_short(c) for c in report['call_ids'])}, {report['generated_tokens']} tokens")
     return out
+
+
+def trace_tree(rollout: RebuiltRollout) -> list[str]:
+    """The rollout's traces, one line each, indented two spaces per level under its ``parent_trace``.
+
+    Each line: index, kind, label, segment (compaction), how it was classified, where it
+    attaches (the parent trace's call and, for a sub-agent, the tool call), its calls,
+    its loss tokens, and ``MASKED`` with the reason codes when the trace is masked. A
+    ``parent_trace`` that names no earlier-listed trace puts the trace at the top level,
+    so a malformed record still lists every trace once.
+    """
+    traces = rollout.traces
+    kids: dict[int, list[int]] = {}
+    for index, trace in enumerate(traces):
+        parent = trace.parent_trace if 0 <= trace.parent_trace < len(traces) and trace.parent_trace != index else -1
+        kids.setdefault(parent, []).append(index)
+    out = [f"traces: {trace_counts(traces)}"]
+    seen: set[int] = set()
+    stack = [(i, 1) for i in reversed(kids.get(-1, []))]
+    while stack or len(seen) < len(traces):
+        if not stack:  # a parent_trace cycle: list what it hid at the top level
+            stack = [(min(set(range(len(traces))) - seen), 1)]
+        index, depth = stack.pop()
+        if index in seen:
+            continue
+        seen.add(index)
+        out.append("  " * depth + _trace_line(index, traces[index]))
+        stack += [(kid, depth + 1) for kid in reversed(kids.get(index, []))]
+    return out
+
+
+def _trace_line(index: int, trace: Trace) -> str:
+    parts = [f"#{index} {trace.kind} {json.dumps(trace.label, ensure_ascii=False)}"]
+    if trace.segment or trace.kind == TraceKind.COMPACTION:
+        parts[0] += f" segment {trace.segment}"
+    parts.append(f"by {trace.classified_by or '-'}")
+    if trace.attachment is not None:
+        tool = f" tool {trace.attachment.tool_call_id}" if trace.attachment.tool_call_id else ""
+        parts.append(f"from call {_short(trace.attachment.call_id)}{tool}")
+    if trace.prefix_trace >= 0:
+        parts.append(f"prefix #{trace.prefix_trace}[:{trace.prefix_len}]")
+    parts.append(f"{len(trace.call_ids)} call(s)")
+    parts.append("not trained" if trace.kind == TraceKind.SIDE else f"{trace.loss_tokens} loss tokens")
+    if trace.mask_sample:
+        parts.append("MASKED " + ", ".join(dict.fromkeys(r.code for r in trace.mask_reasons)))
+    return "  ".join(parts)
+
+
+def trace_counts(traces: list[Trace], *, masked: bool = False) -> str:
+    """``4 (main 1, subagent 1, compaction 1, other 1)``: how many traces (masked ones only if
+    ``masked``), per kind in ``TraceKind`` order; just ``0`` when there are none."""
+    kinds = kind_counts(traces, masked=masked)
+    total = sum(kinds.values())
+    return f"{total} ({', '.join(f'{k} {n}' for k, n in kinds.items())})" if total else "0"
+
+
+def kind_counts(traces: list[Trace], *, masked: bool = False) -> dict[str, int]:
+    """Traces per kind (masked ones only if ``masked``), known kinds first in ``TraceKind`` order."""
+    counts: dict[str, int] = {}
+    for trace in traces:
+        if trace.mask_sample or not masked:
+            counts[trace.kind] = counts.get(trace.kind, 0) + 1
+    return {kind: counts[kind] for kind in kind_order(counts)}
+
+
+def kind_order(kinds: Iterable[str]) -> list[str]:
+    """The kinds in ``TraceKind`` order, any unknown kind after them by name."""
+    rank = {k: i for i, k in enumerate(_KIND_ORDER)}
+    return sorted(kinds, key=lambda k: (rank.get(k, len(rank)), k))
+
+
+def trace_changes(before: RebuiltRollout, after: RebuiltRollout) -> list[str]:
+    """What a rule change does to the traces, as sentences (``rule_changes`` covers the rest):
+    ``traces: 0 -> 4 (main 1, subagent 1, compaction 1, other 1)``, the masked traces, and
+    relabelled traces when the counts stay the same."""
+    changes = []
+    if kind_counts(before.traces) != kind_counts(after.traces):
+        changes.append(f"traces: {trace_counts(before.traces)} -> {trace_counts(after.traces)}")
+    elif [(t.kind, t.label, t.segment) for t in before.traces] != [(t.kind, t.label, t.segment) for t in after.traces]:
+        changes.append("trace labels: " + ", ".join(f"{t.kind} {t.label}" for t in before.traces) + " -> "
+                       + ", ".join(f"{t.kind} {t.label}" for t in after.traces))
+    if kind_counts(before.traces, masked=True) != kind_counts(after.traces, masked=True):
+        changes.append(f"masked traces: {trace_counts(before.traces, masked=True)} -> "
+                       f"{trace_counts(after.traces, masked=True)}")
+    return changes
 
 
 def _short(call_id: str | None) -> str:

@@ -2,7 +2,8 @@
 
 One file, no scripts, no external assets (it is read on machines without a
 network): an inline SVG stacked-bar chart, one bar per time bucket, stacked by
-each rollout's primary mask reason (delivered rollouts in grey).
+each rollout's primary mask reason (delivered rollouts in grey); a table of
+traces per kind when the summary counted traces.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ td,th{{border:1px solid #ddd;padding:4px 8px;text-align:left}} th{{background:#f
 <h2>Costliest masked rollouts</h2>
 {_table(["rollout", "generated tokens", "calls", "reasons"],
         [[r["rollout_id"], r["generated_tokens"], r["n_calls"], ", ".join(r["reasons"])] for r in data["top_masked"]])}
+{_traces(data)}
 <p>Explain one: <code>tokentrail replay --bootstrap HOST:PORT --rollout ID</code></p>
 </body></html>
 """
@@ -78,6 +80,17 @@ def _chart(timeline: list[dict[str, Any]], reasons: list[str], colors: dict[str,
     parts.append(f'<text x="{w}" y="{h + 16}" font-size="11" text-anchor="end">{_when(end)}</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _traces(data: dict[str, Any]) -> str:
+    """The per-kind trace table, only when the summary's rules delivered traces."""
+    if "traces" not in data:
+        return ""
+    t = data["traces"]
+    rows = [[kind, e["traces"], e["masked"]] for kind, e in t["by_kind"].items()]
+    return (f"<h2>Traces (delivery_mode traces)</h2>\n<p>{t['traces']} traces, {t['masked']} masked, "
+            f"in {t['rollouts_with_masked_traces']} rollout(s) with masked traces.</p>\n"
+            + _table(["kind", "traces", "masked"], rows))
 
 
 def _rows(breakdown: dict[str, dict[str, Any]]) -> list[list[Any]]:

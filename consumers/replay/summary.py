@@ -7,7 +7,9 @@ every rollout frozen inside ``[since, until)`` under the given rules, and
 aggregates: rollouts, masked fraction, counts per mask reason, per harness
 (user agent) and per model, the costliest masked rollouts, and mask reasons
 over time. Reading starts ``lookback`` before ``since`` so that rollouts which
-began earlier are folded whole.
+began earlier are folded whole. Under rules that deliver traces
+(``delivery_mode="traces"``) it also counts traces per kind, and masked traces
+per kind (``traces`` in the dict); under other rules that key is absent.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from consumers.replay.eventlog import EventLog
 from consumers.rebuild import RebuildRules, rebuild
+from consumers.replay.explain import kind_counts, kind_order
 from processors.replay import replay
 from schemas.records import RebuiltRollout, Snapshot
 
@@ -37,12 +40,15 @@ class RolloutRow:
     delivered_fraction: float
     harnesses: list[str]
     models: list[str]
+    traces: dict[str, int] = field(default_factory=dict)  # traces per kind
+    masked_traces: dict[str, int] = field(default_factory=dict)  # masked traces per kind
 
 
 @dataclass(slots=True)
 class Summary:
     since_ms: int | None
     until_ms: int | None
+    delivery_mode: str = "terminal"
     events_scanned: int = 0
     rows: dict[str, RolloutRow] = field(default_factory=dict)
 
@@ -50,7 +56,7 @@ class Summary:
         rows = sorted(self.rows.values(), key=lambda r: (r.finished_ms, r.rollout_id))
         masked = [r for r in rows if r.masked]
         by_reason = Counter(code for r in masked for code in r.reasons)
-        return {
+        out = {
             "since_ms": self.since_ms,
             "until_ms": self.until_ms,
             "events_scanned": self.events_scanned,
@@ -68,11 +74,14 @@ class Summary:
             "timeline": [{"finished_ms": r.finished_ms, "rollout_id": r.rollout_id, "masked": r.masked,
                           "reasons": r.reasons} for r in rows],
         }
+        if self.delivery_mode == "traces":
+            out["traces"] = _trace_totals(rows)
+        return out
 
 
 def summarize(log: EventLog, *, since_ms: int | None, until_ms: int | None, lookback_ms: int = 3_600_000,
               rules: RebuildRules = RebuildRules(project_response=False)) -> Summary:
-    summary = Summary(since_ms, until_ms)
+    summary = Summary(since_ms, until_ms, delivery_mode=rules.delivery_mode)
     start = None if since_ms is None else since_ms - lookback_ms
     for partition in range(log.partitions()):
         # Each rollout's state is dropped once it is retired (nothing more can change it).
@@ -105,7 +114,25 @@ def _row(snapshot: Snapshot, rollout: RebuiltRollout) -> RolloutRow:
         delivered_fraction=rollout.metrics.delivered_fraction,
         harnesses=sorted({harness_of(c.facts.user_agent) for c in calls}) or ["unknown"],
         models=sorted({c.facts.requested_model or c.model or "unknown" for c in calls}) or ["unknown"],
+        traces=kind_counts(rollout.traces),
+        masked_traces=kind_counts(rollout.traces, masked=True),
     )
+
+
+def _trace_totals(rows: list[RolloutRow]) -> dict[str, Any]:
+    """``{"traces": N, "masked": M, "rollouts_with_masked_traces": R, "by_kind": {kind: {"traces", "masked"}}}``."""
+    by_kind: Counter[str] = Counter()
+    masked: Counter[str] = Counter()
+    for r in rows:
+        by_kind.update(r.traces)
+        masked.update(r.masked_traces)
+    ordered = kind_order(by_kind)
+    return {
+        "traces": sum(by_kind.values()),
+        "masked": sum(masked.values()),
+        "rollouts_with_masked_traces": sum(1 for r in rows if r.masked_traces),
+        "by_kind": {kind: {"traces": by_kind[kind], "masked": masked[kind]} for kind in ordered},
+    }
 
 
 def harness_of(user_agent: str) -> str:
@@ -146,4 +173,9 @@ def render_text(data: dict[str, Any]) -> str:
             lines.append(f"  {r['rollout_id']:<32} {r['generated_tokens']:>8} tokens  {r['n_calls']:>4} calls  "
                          f"{', '.join(r['reasons'])}")
         lines.append("  explain one: tokentrail replay --bootstrap ... --rollout <id>")
+    if "traces" in data:
+        t = data["traces"]
+        lines.append(f"traces (delivery_mode traces): {t['traces']}, {t['masked']} masked "
+                     f"(in {t['rollouts_with_masked_traces']} rollout(s))")
+        lines += [f"  {kind:<12} {e['traces']:>6} traces  {e['masked']:>6} masked" for kind, e in t["by_kind"].items()]
     return "\n".join(lines)
