@@ -33,6 +33,7 @@ import dataclasses
 from collections import Counter
 
 from consumers.rebuild.graph import Forest, ancestry, build_forest, chains, resolve_retries
+from consumers.rebuild.identity import carried_summaries
 from consumers.rebuild.links import Node
 from consumers.rebuild.projection import project_response_json
 from consumers.rebuild.report import empty_metrics, metrics
@@ -77,6 +78,11 @@ def _rebuild(snapshot: Snapshot, rules: RebuildRules, reasons: list[MaskReason])
     else:
         attribution = attribute_by_evidence(forest, snapshot.finished, rules.terminal_methods)
         pinned = {id(n) for n in ancestry(attribution.node)} if attribution.node is not None else set()
+        if rules.delivery_mode == "traces":
+            # A summary is continued by the segment that carries it, not by a child: a retried summary
+            # the next segment carries survives like a continued retry.
+            for summary in carried_summaries(forest.roots, forest.live, rules):
+                pinned.update(id(n) for n in ancestry(summary))
         unresolved_retries = resolve_retries(forest, pinned)
         all_chains = chains(forest)
         if attribution.node is None and attribution.failure is None and forest.live:

@@ -17,7 +17,10 @@ explains. Evidence, strongest first (``classified_by``):
    (``CallFacts.agent_name``): a sub-agent with that label, attachment unknown.
 4. ``summary``: the root's prompt carries the middle ``rules.compaction_min_tokens``
    tokens of exactly one earlier leaf's generation (a call nothing continued,
-   in another tree): compaction segment k+1 of that leaf's conversation.
+   in another tree; generations shorter than that never count): compaction
+   segment k+1 of that leaf's conversation. A sub-agent's answer (its tree's
+   last leaf, which the parent's prompts carry as a tool result) is not a
+   candidate when another one is.
 5. ``terminal``: the earliest segment of the terminal's conversation is ``main``.
 
 Anything else is ``other`` with ``trace_unclassified``; evidence that points at
@@ -68,7 +71,7 @@ def classify_roots(roots: list[Node], live: list[Node], terminal: Node | None,
     ordered = sorted(roots, key=lambda n: n.order_key)
     out: dict[int, RootIdentity] = {}
     for root in ordered:
-        out[id(root)] = _classify(root, tree_of, agent_calls, leaves, rules)
+        out[id(root)] = _classify(root, tree_of, agent_calls, leaves, rules, out)
     reasons = _assign_main(ordered, out, tree_of, terminal)
     for root in ordered:  # creation order: a segment's parent conversation is labelled before it
         ident = out[id(root)]
@@ -80,8 +83,25 @@ def classify_roots(roots: list[Node], live: list[Node], terminal: Node | None,
     return out, reasons
 
 
+def carried_summaries(roots: list[Node], live: list[Node], rules: RebuildRules) -> list[Node]:
+    """The calls a later root carries as its summary (before retry resolution).
+
+    Retry resolution keeps a sibling that something continued; a summary is
+    continued by the segment that carries it, not by a child, so the builder
+    pins these before resolving retries.
+    """
+    tree_of = _tree_of(live)
+    leaves = [n for n in live if not n.quarantined and not any(not c.quarantined for c in n.children)]
+    found = []
+    for root in roots:
+        matches = _summary_matches(root, tree_of, leaves, rules.compaction_min_tokens)
+        if len(matches) == 1:
+            found.append(matches[0])
+    return found
+
+
 def _classify(root: Node, tree_of: dict[int, Node], agent_calls: list[_AgentCall], leaves: list[Node],
-              rules: RebuildRules) -> RootIdentity:
+              rules: RebuildRules, known: dict[int, RootIdentity]) -> RootIdentity:
     declared = _declared(root.call.facts.trace_declared)
     tool_matches = _tool_matches(root, tree_of, agent_calls)
     if declared is not None:
@@ -91,7 +111,7 @@ def _classify(root: Node, tree_of: dict[int, Node], agent_calls: list[_AgentCall
             ident.parent, ident.tool_call_id = tool_matches[0].node, tool_matches[0].tool_call_id
             ident.label = ident.label or tool_matches[0].label
         elif kind is TraceKind.COMPACTION:
-            summaries = _summary_matches(root, tree_of, leaves, rules.compaction_min_tokens)
+            summaries = _summaries(root, tree_of, leaves, rules, known)
             ident.parent = summaries[0] if len(summaries) == 1 else None
         return ident
     if len(tool_matches) == 1:
@@ -107,7 +127,7 @@ def _classify(root: Node, tree_of: dict[int, Node], agent_calls: list[_AgentCall
                               "which one started it is not known")])
     if root.call.facts.agent_name:
         return RootIdentity(TraceKind.SUBAGENT, root.call.facts.agent_name, "agent_header")
-    summaries = _summary_matches(root, tree_of, leaves, rules.compaction_min_tokens)
+    summaries = _summaries(root, tree_of, leaves, rules, known)
     if len(summaries) == 1:
         return RootIdentity(TraceKind.COMPACTION, "", "summary", parent=summaries[0])
     if summaries:
@@ -215,6 +235,25 @@ def _tool_matches(root: Node, tree_of: dict[int, Node], agent_calls: list[_Agent
     return sorted((c for c in agent_calls if c.prompt_digest in opening and tree_of[id(c.node)] is not root
                    and c.node.order_key < root.order_key),
                   key=lambda c: (c.node.order_key, c.tool_call_id))
+
+
+def _summaries(root: Node, tree_of: dict[int, Node], leaves: list[Node], rules: RebuildRules,
+               known: dict[int, RootIdentity]) -> list[Node]:
+    """The summary candidates of ``root``, less sub-agents' answers when anything else is carried.
+
+    A parent's later prompts carry a sub-agent's answer (its tree's last leaf) as a
+    tool result; that is not a summary unless it is the only candidate.
+    """
+    found = _summary_matches(root, tree_of, leaves, rules.compaction_min_tokens)
+    if len(found) < 2:
+        return found
+    answers = set()
+    for top in {id(tree_of[id(n)]): tree_of[id(n)] for n in found}.values():
+        ident = known.get(id(top))
+        if ident is not None and ident.kind is TraceKind.SUBAGENT:
+            answers.add(id(max((n for n in leaves if tree_of[id(n)] is top), key=lambda n: n.order_key)))
+    rest = [n for n in found if id(n) not in answers]
+    return rest or found
 
 
 def _summary_matches(root: Node, tree_of: dict[int, Node], leaves: list[Node], width: int) -> list[Node]:

@@ -59,9 +59,10 @@ class RebuildRules:
       ``Agent``, formerly ``Task``); the call's ``prompt`` argument is the
       sub-agent's opening message, its ``subagent_type`` (else ``description``)
       the label.
-    - ``compaction_min_tokens``: a root that carries a run of at least this many
-      tokens of an earlier call's generation starts a compaction segment linked
-      to that call (a shorter generation must appear whole).
+    - ``compaction_min_tokens``: a root that carries the middle this-many tokens
+      of an earlier leaf's generation starts a compaction segment linked to that
+      call (a shorter generation never links: too short to tell a summary from a
+      coincidence).
     - ``train_summaries``: a compaction summary's generation is loss-bearing in
       the segment that produced it; off, it is context only.
     - ``mask_rollout_kinds``: a masked trace of one of these kinds masks the
