@@ -1,6 +1,6 @@
 """Admission: what a request must satisfy before any handler sees it (pure: ASGI callables, no framework).
 
-Two rules, both checked by ``producers.app.Interceptor.dispatch`` once, before any handler runs,
+Three rules, all checked by ``producers.app.Interceptor.dispatch`` once, before any handler runs,
 so that a refused request records nothing and forwards nothing:
 
 * **Rollout token** (``rollout_refusal``): with a rollout secret set, a request under
@@ -9,6 +9,10 @@ so that a refused request records nothing and forwards nothing:
   every harness SDK sends one of them). Without a secret every request is admitted (a trusted
   network). The token never goes further: ``producers.http.upstream_headers`` forwards neither
   header.
+* **Trace declaration** (``trace_refusal``): a request under ``/ng-rollout/<id>/`` that sends
+  ``x-tokentrail-trace`` must send it once, in ``producers.trace_facts.TRACE_GRAMMAR``; else a
+  400 naming the header, the value and the grammar. Bare paths record nothing, so there the
+  header is not read (and, as everywhere, never forwarded).
 * **Body size** (``read_body``): a body over ``max_body_bytes`` is refused. A declared
   ``Content-Length`` over the limit is refused before a byte is read; any other body (chunked,
   or a Content-Length the server did not enforce) is counted as it arrives and reading stops
@@ -21,11 +25,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from producers.trace_facts import TRACE_HEADER, trace_problem
 from schemas.errors import ContractError
 from schemas.rollout_tokens import token_matches
 
 __all__ = ["BodyTooLarge", "ClientGone", "declared_too_large", "presented_keys", "read_body", "replay",
-           "rollout_refusal", "too_large_message"]
+           "rollout_refusal", "too_large_message", "trace_refusal"]
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
@@ -67,6 +72,22 @@ def rollout_refusal(secret: bytes | None, rollout_id: str, headers: Mapping[str,
             "OPENAI_API_KEY or ANTHROPIC_API_KEY), where <token> is what `tokentrail token <rollout-id>` prints "
             "(schemas.rollout_tokens.rollout_token) with this interceptor's TOKENTRAIL_ROLLOUT_SECRET; "
             "nothing was recorded or forwarded")
+
+
+def trace_refusal(headers: Any) -> str | None:
+    """None when the request declares no trace, or one valid trace; else the 400 message.
+
+    ``headers`` is the request's Starlette ``Headers`` (``getlist``: a header sent twice is
+    refused, since which declaration holds would be a guess).
+    """
+    values = headers.getlist(TRACE_HEADER)
+    if not values:
+        return None
+    if len(values) > 1:
+        shown = ", ".join(repr(v[:80]) for v in values[:4])
+        return (f"header {TRACE_HEADER} was sent {len(values)} times ({shown}); send it once, with one trace "
+                "declaration; nothing was recorded or forwarded")
+    return trace_problem(values[0])
 
 
 def too_large_message(size: str, limit: int) -> str:

@@ -9,7 +9,8 @@ refuse: a 404/405 naming the route) is the route table's, ``producers.route_poli
 
 Before any handler runs (``producers.admission``), in this order: an invalid rollout id
 or unsendable path is a 400; with ``rollout_secret`` a request under ``/ng-rollout/<id>/``
-without that rollout's token is a 401; a refused route a 404/405; a body over
+without that rollout's token is a 401; there, a malformed ``x-tokentrail-trace`` header a 400;
+a refused route a 404/405; a body over
 ``max_body_bytes`` a 413. Each names what to fix, records nothing and forwards nothing
 (counted in ``tokentrail_requests_refused``).
 
@@ -39,7 +40,8 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from producers import http
-from producers.admission import BodyTooLarge, ClientGone, declared_too_large, read_body, replay, rollout_refusal
+from producers.admission import (BodyTooLarge, ClientGone, declared_too_large, read_body, replay, rollout_refusal,
+                                 trace_refusal)
 from producers.capture import CaptureCore
 from producers.control import handle_control
 from producers.dialects.base import DialectAdapter
@@ -188,6 +190,9 @@ class Interceptor:
             refusal = rollout_refusal(self._rollout_secret(), route.rollout_id, request.headers)
             if refusal is not None:
                 return self._refuse(path, 401, refusal, "authentication_error", "rollout_token")
+            refusal = trace_refusal(request.headers)
+            if refusal is not None:
+                return self._refuse(path, 400, refusal, "invalid_request_error", "trace_header")
         decision = decide(route.kind, request.method, route.api_path, self.dialects,
                           forward_unknown=self.settings.forward_unknown_routes)
         if decision.policy is Policy.REFUSE:

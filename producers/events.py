@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from producers.extract import EngineTokens
+from producers.trace_facts import TRACE_HEADER, agent_name, opening_text_digests, opening_user_items
 from schemas.hashing import FINGERPRINT_VERSION, assistant_fingerprint, compute_digest, conversation_digest
 from schemas.ids import new_event_id, new_model_call_id
 from schemas.records import (
@@ -85,7 +86,14 @@ def call_facts(
     *, route: str, dialect: Dialect, body: dict[str, Any], upstream_body: dict[str, Any], headers: dict[str, str],
     system: Any, tools: Any, streamed: bool, logprobs_mode: str = "", max_tokens_clamped: bool = False,
 ) -> CallFacts:
-    """Facts for later classification (side calls, staleness); capture makes no decisions."""
+    """Facts for later classification (side calls, staleness, traces); capture makes no decisions.
+
+    ``headers`` are lower-cased. ``trace_declared`` is the ``x-tokentrail-trace`` value verbatim
+    (admission refused a malformed one); ``agent_name`` and ``opening_text_digests`` follow
+    ``producers.trace_facts``, the digests from the harness's own ``body`` (the upstream chat
+    ``messages`` when the body has neither ``messages`` nor ``input``).
+    """
+    opening = opening_user_items(body) or upstream_body.get("messages")
     sampling = {k: upstream_body[k] for k in SAMPLING_FIELDS if k in upstream_body}
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens", body.get("max_output_tokens")))
     return CallFacts(
@@ -103,6 +111,9 @@ def call_facts(
         max_tokens_sent=sent_max_tokens(upstream_body),
         max_tokens_clamped=max_tokens_clamped,
         logprobs_mode=logprobs_mode,
+        trace_declared=headers.get(TRACE_HEADER, ""),
+        agent_name=agent_name(headers),
+        opening_text_digests=opening_text_digests(opening if isinstance(opening, list) else []),
     )
 
 

@@ -9,10 +9,11 @@ explains. Evidence, strongest first (``classified_by``):
    ``compaction``, ``side[:label]``, ``other[:label]``). It decides the kind; the
    evidence below may still find the attachment.
 2. ``agent_tool``: the root's opening message (``CallFacts.opening_text_digests``)
-   is the ``prompt`` argument of exactly one earlier Agent/Task tool call
-   (``rules.subagent_tools``) of another tree: a sub-agent, labelled with the
-   call's ``subagent_type`` (else ``description``), attached to that call and
-   tool call id.
+   is the ``prompt`` (Codex: ``message``) argument of exactly one earlier
+   sub-agent tool call (``rules.subagent_tools``: Agent, Task, spawn_agent) of
+   another tree: a sub-agent, labelled with the call's ``subagent_type`` or
+   ``agent_type`` (else ``description``, else the tool name), attached to that
+   call and tool call id.
 3. ``agent_header``: the harness named an agent for the call in its own headers
    (``CallFacts.agent_name``): a sub-agent with that label, attachment unknown.
 4. ``summary``: the root's prompt carries the middle ``rules.compaction_min_tokens``
@@ -41,6 +42,11 @@ from schemas.hashing import text_digest
 from schemas.records import MaskCode, MaskReason, TraceKind
 
 _LABELLED = {k.value for k in TraceKind}
+# Where the harnesses put a sub-agent's opening message and its type: Claude Code's Agent/Task
+# ``prompt`` and ``subagent_type`` (else ``description``), Codex's spawn_agent ``message`` and
+# ``agent_type``.
+_PROMPT_ARGS = ("prompt", "message")
+_LABEL_ARGS = ("subagent_type", "agent_type", "description")
 
 
 @dataclass(slots=True)
@@ -221,9 +227,11 @@ def _agent_calls(live: list[Node], tools: tuple[str, ...]) -> list[_AgentCall]:
                 args = json.loads(item.get("arguments") or "")
             except (TypeError, ValueError):
                 continue
-            prompt = args.get("prompt") if isinstance(args, dict) else None
-            if isinstance(prompt, str) and prompt.strip():
-                label = args.get("subagent_type") or args.get("description") or item["name"]
+            if not isinstance(args, dict):
+                continue
+            prompt = next((args[k] for k in _PROMPT_ARGS if isinstance(args.get(k), str)), None)
+            if prompt is not None and prompt.strip():
+                label = next((args[k] for k in _LABEL_ARGS if isinstance(args.get(k), str) and args[k]), item["name"])
                 found.append(_AgentCall(node, str(item.get("call_id") or ""), str(label), text_digest(prompt)))
     return found
 

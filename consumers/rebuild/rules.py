@@ -56,8 +56,9 @@ class RebuildRules:
 
     Traces (``delivery_mode="traces"``)
     - ``subagent_tools``: tool names whose call starts a sub-agent (Claude Code's
-      ``Agent``, formerly ``Task``); the call's ``prompt`` argument is the
-      sub-agent's opening message, its ``subagent_type`` (else ``description``)
+      ``Agent``, formerly ``Task``; Codex's ``spawn_agent``); the call's
+      ``prompt`` (Codex: ``message``) argument is the sub-agent's opening
+      message, its ``subagent_type`` or ``agent_type`` (else ``description``)
       the label.
     - ``compaction_min_tokens``: a root that carries the middle this-many tokens
       of an earlier leaf's generation starts a compaction segment linked to that
@@ -77,7 +78,7 @@ class RebuildRules:
     policy_model: str | None = None
     self_calibrate: bool = True
     toolless_max_tokens: int = 64
-    subagent_tools: tuple[str, ...] = ("Agent", "Task")
+    subagent_tools: tuple[str, ...] = ("Agent", "Task", "spawn_agent")
     compaction_min_tokens: int = 16
     train_summaries: bool = True
     mask_rollout_kinds: tuple[str, ...] = ("main", "compaction")

@@ -76,6 +76,9 @@ def compacted_conversation(root_of=root):
 @pytest.mark.parametrize("name, args, label", [
     ("Agent", {"subagent_type": "Explore", "description": "look"}, "Explore"),
     ("Task", {"description": "look around"}, "look around"),
+    # Codex's multi-agent tool: the opening message is its ``message`` argument.
+    ("spawn_agent", {"prompt_arg": "message", "agent_type": "explorer"}, "explorer"),
+    ("spawn_agent", {"prompt_arg": "message"}, "spawn_agent"),
 ])
 def test_an_agent_call_whose_prompt_opens_a_root_makes_it_a_subagent_attached_to_that_call(name, args, label):
     m1, s1, s2, m2 = subagent_conversation(name, **args)

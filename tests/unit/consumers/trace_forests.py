@@ -30,9 +30,9 @@ SIDE_MODEL = "claude-haiku-4"
 WIDTH = 16  # RebuildRules().compaction_min_tokens
 
 
-def agent_items(tool_call_id: str, prompt: str, *, name: str = "Agent", **args) -> str:
+def agent_items(tool_call_id: str, prompt: str, *, name: str = "Agent", prompt_arg: str = "prompt", **args) -> str:
     """Output items of a call that launches a sub-agent through the ``name`` tool."""
-    arguments = json.dumps({"prompt": prompt, **args})
+    arguments = json.dumps({prompt_arg: prompt, **args})
     return json.dumps([
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "delegating"}]},
         {"type": "function_call", "call_id": tool_call_id, "name": name, "arguments": arguments},
