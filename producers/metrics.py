@@ -28,7 +28,8 @@ class InterceptorMetrics:
         self.spooled = Counter("tokentrail_events_spooled", "Events made durable in the local spool (Kafka down)",
                                registry=self.registry)
         self.refused = Counter("tokentrail_requests_refused", "Requests refused before any handler ran: a route "
-                               "the route table does not allow, a missing rollout token, a body over the limit",
+                               "the route table does not allow, a missing rollout token, a malformed trace header, "
+                               "a body over the limit",
                                ["why"], registry=self.registry)
         self.spool_depth = Gauge("tokentrail_spool_depth", "Events in the local spool awaiting Kafka",
                                  registry=self.registry)
