@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from compose.claude_code.install import ensure_claude_code
 from compose.harness_process import base_env, json_events, prepare_home, run_headless, run_home, tail, with_overrides
+from schemas.errors import TokentrailError
 
 #: Environment that keeps the CLI offline and quiet, apart from the model API itself.
 OFFLINE_ENV: dict[str, str] = {
@@ -21,6 +22,10 @@ OFFLINE_ENV: dict[str, str] = {
     "CLAUDE_CODE_IDE_SKIP_AUTO_INSTALL": "1",
     "NO_UPDATE_NOTIFIER": "1",
 }
+
+
+class ClaudeCodeUsageError(TokentrailError, ValueError):
+    """``run_claude_code`` was asked for something its arguments cannot give."""
 
 
 @dataclass
@@ -98,6 +103,8 @@ def run_claude_code(
     executable: Path | None = None,
     home: Path | None = None,
     on_spawn: Callable[[int], None] | None = None,
+    persist_session: bool = False,
+    resume: str | None = None,
 ) -> ClaudeCodeResult:
     """Run ``claude -p prompt`` headless against ``base_url``; never leaves a process behind.
 
@@ -108,10 +115,24 @@ def run_claude_code(
     run without one, commands that write need one. ``env`` entries override (``None``: remove)
     those of ``claude_code_env``. At ``timeout`` seconds the CLI and everything it started are
     killed and ``timed_out`` is set. ``on_spawn`` as in ``run_headless``.
+
+    By default no session is saved. ``persist_session`` saves it under ``home``'s
+    ``.claude`` (drops ``--no-session-persistence``); ``resume`` continues the saved session
+    with that id (``--resume``), which needs the same ``home`` and ``workdir`` as the run that
+    saved it, and ``persist_session`` again if a later run resumes it further (``/compact``
+    then a new prompt).
     """
+    if (persist_session or resume is not None) and home is None:
+        raise ClaudeCodeUsageError(
+            f"run_claude_code(persist_session={persist_session!r}, resume={resume!r}) needs home=: "
+            "the default temporary home, where the session is saved, is removed after the run; "
+            "pass the same home directory to every run of the session")
     binary = executable or ensure_claude_code()
     argv = [str(binary), "-p", "--output-format", "stream-json", "--verbose",
-            "--no-session-persistence", "--strict-mcp-config", "--setting-sources", ""]
+            *([] if persist_session else ["--no-session-persistence"]),
+            "--strict-mcp-config", "--setting-sources", ""]
+    if resume is not None:
+        argv += ["--resume", resume]
     if model is not None:
         argv += ["--model", model]
     if allowed_tools:

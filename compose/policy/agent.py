@@ -9,7 +9,7 @@ table's log-prob of that token in its actual context (``model.py``). A tool call
 once per decided call, then ``<|im_end|>``. A forced tool choice (``"required"`` or a
 named tool) with ``forced_tool_format="json"`` emits vLLM's grammar-constrained JSON
 instead (``script.forced_json_text``), then ``<|im_end|>``. Otherwise a final answer: a
-sampled sentence of 8-40 tokens, then ``<|im_end|>``. With reasoning on, ``<think>`` +
+sampled sentence of 8-40 tokens (``#answer-words=N``: N + 2), then ``<|im_end|>``. With reasoning on, ``<think>`` +
 sampled words + ``</think>`` come first. The ``repetition`` fault makes the answer
 repeat a two-word phrase until vLLM's repetition detection would stop it
 (finish_reason ``"repetition"``).
@@ -32,6 +32,7 @@ from compose.policy import template, tokenizer as tk
 from compose.policy.model import PolicyModel
 from compose.policy.script import (  # noqa: F401  (re-exported: the decision API lives in script.py)
     ToolDecision,
+    answer_words,
     build_arguments,
     decide_tool_call,
     decide_tool_calls,
@@ -181,7 +182,8 @@ class AgentPolicy:
         elif params.repetition:
             self._repeat(w)
         elif w.sample(self.starts, "starts", check_stop=True):
-            for _ in range(int(rng.integers(6, 38))):
+            words = answer_words(messages)
+            for _ in range(words if words is not None else int(rng.integers(6, 38))):
                 if not w.sample(self.words, "words", check_stop=True):
                     break
             if self.period is not None:

@@ -10,6 +10,8 @@ Decision rule:
   offered, else the first.
 * ``#parallel-calls=N`` makes one turn call the tool N times (arguments numbered on),
   which is what ``parallel_tool_calls=false`` is there to cut.
+* ``#answer-words=N`` makes a final answer N words after its first (else 6-37): a test that
+  needs a long answer (a compaction summary) asks for one.
 * Arguments are built from the schema's required properties and serialised with
   ``json.dumps(args, ensure_ascii=False)``.
 
@@ -32,6 +34,7 @@ from compose.policy.words import WORDS
 _K_DIRECTIVE = re.compile(r"#tool-calls=(\d+)")
 _TOOL_DIRECTIVE = re.compile(r"#tool=([A-Za-z0-9_.:\-]+)")
 _PARALLEL_DIRECTIVE = re.compile(r"#parallel-calls=(\d+)")
+_ANSWER_DIRECTIVE = re.compile(r"#answer-words=(\d+)")
 
 
 @dataclass
@@ -62,6 +65,16 @@ def parallel_calls(messages: list[Any]) -> int:
     for text in _directive_texts(messages):
         for match in _PARALLEL_DIRECTIVE.finditer(text):
             n = max(1, int(match.group(1)))
+    return n
+
+
+def answer_words(messages: list[Any]) -> int | None:
+    """N from the last ``#answer-words=N`` directive (a final answer of N sampled words after its first;
+    None without one: a random length)."""
+    n = None
+    for text in _directive_texts(messages):
+        for match in _ANSWER_DIRECTIVE.finditer(text):
+            n = max(1, min(int(match.group(1)), 4096))
     return n
 
 

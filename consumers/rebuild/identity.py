@@ -16,12 +16,18 @@ explains. Evidence, strongest first (``classified_by``):
    call and tool call id.
 3. ``agent_header``: the harness named an agent for the call in its own headers
    (``CallFacts.agent_name``): a sub-agent with that label, attachment unknown.
-4. ``summary``: the root's prompt carries the middle ``rules.compaction_min_tokens``
-   tokens of exactly one earlier leaf's generation (a call nothing continued,
-   in another tree; generations shorter than that never count): compaction
-   segment k+1 of that leaf's conversation. A sub-agent's answer (its tree's
-   last leaf, which the parent's prompts carry as a tool result) is not a
-   candidate when another one is.
+4. ``summary``: the root's prompt carries the middle or one of 8 evenly spaced
+   ``rules.compaction_min_tokens``-token windows of an earlier leaf's
+   generation (a call nothing continued, in another tree; generations shorter
+   than a window never count; several windows because a harness may keep only
+   part of the summary, e.g. Claude Code drops its thinking). Of several such
+   leaves the latest is the summary (a harness summarises right before it
+   restarts; preserved turns and sub-agent answers it also carries are older):
+   compaction segment k+1 of that leaf's conversation. Limit: a summary whose
+   kept part holds no whole window (a one-line summary after dropped thinking)
+   is not found; the segment then links to an older carried leaf, if any (its
+   tokens are delivered all the same, the attachment names the wrong call), else
+   it is unclassified.
 5. ``terminal``: the earliest segment of the terminal's conversation is ``main``.
 
 Anything else is ``other`` with ``trace_unclassified``; evidence that points at
@@ -77,7 +83,7 @@ def classify_roots(roots: list[Node], live: list[Node], terminal: Node | None,
     ordered = sorted(roots, key=lambda n: n.order_key)
     out: dict[int, RootIdentity] = {}
     for root in ordered:
-        out[id(root)] = _classify(root, tree_of, agent_calls, leaves, rules, out)
+        out[id(root)] = _classify(root, tree_of, agent_calls, leaves, rules)
     reasons = _assign_main(ordered, out, tree_of, terminal)
     for root in ordered:  # creation order: a segment's parent conversation is labelled before it
         ident = out[id(root)]
@@ -100,14 +106,14 @@ def carried_summaries(roots: list[Node], live: list[Node], rules: RebuildRules) 
     leaves = [n for n in live if not n.quarantined and not any(not c.quarantined for c in n.children)]
     found = []
     for root in roots:
-        matches = _summary_matches(root, tree_of, leaves, rules.compaction_min_tokens)
+        matches = _summaries(root, tree_of, leaves, rules)
         if len(matches) == 1:
             found.append(matches[0])
     return found
 
 
 def _classify(root: Node, tree_of: dict[int, Node], agent_calls: list[_AgentCall], leaves: list[Node],
-              rules: RebuildRules, known: dict[int, RootIdentity]) -> RootIdentity:
+              rules: RebuildRules) -> RootIdentity:
     declared = _declared(root.call.facts.trace_declared)
     tool_matches = _tool_matches(root, tree_of, agent_calls)
     if declared is not None:
@@ -117,7 +123,7 @@ def _classify(root: Node, tree_of: dict[int, Node], agent_calls: list[_AgentCall
             ident.parent, ident.tool_call_id = tool_matches[0].node, tool_matches[0].tool_call_id
             ident.label = ident.label or tool_matches[0].label
         elif kind is TraceKind.COMPACTION:
-            summaries = _summaries(root, tree_of, leaves, rules, known)
+            summaries = _summaries(root, tree_of, leaves, rules)
             ident.parent = summaries[0] if len(summaries) == 1 else None
         return ident
     if len(tool_matches) == 1:
@@ -133,15 +139,15 @@ def _classify(root: Node, tree_of: dict[int, Node], agent_calls: list[_AgentCall
                               "which one started it is not known")])
     if root.call.facts.agent_name:
         return RootIdentity(TraceKind.SUBAGENT, root.call.facts.agent_name, "agent_header")
-    summaries = _summaries(root, tree_of, leaves, rules, known)
+    summaries = _summaries(root, tree_of, leaves, rules)
     if len(summaries) == 1:
         return RootIdentity(TraceKind.COMPACTION, "", "summary", parent=summaries[0])
     if summaries:
         ids = [s.call_id for s in summaries]
         return RootIdentity(TraceKind.COMPACTION, "", "summary", reasons=[
             MaskReason(code=MaskCode.TRACE_AMBIGUOUS, call_ids=[root.call_id, *ids],
-                       detail=f"call {root.call_id} carries the generations of {len(ids)} earlier calls; "
-                              "which summary it continues from is not known")])
+                       detail=f"call {root.call_id} carries the generations of {len(ids)} earlier calls made at "
+                              "the same instant; which summary it continues from is not known")])
     return RootIdentity(TraceKind.OTHER, "root", "none")
 
 
@@ -245,27 +251,26 @@ def _tool_matches(root: Node, tree_of: dict[int, Node], agent_calls: list[_Agent
                   key=lambda c: (c.node.order_key, c.tool_call_id))
 
 
-def _summaries(root: Node, tree_of: dict[int, Node], leaves: list[Node], rules: RebuildRules,
-               known: dict[int, RootIdentity]) -> list[Node]:
-    """The summary candidates of ``root``, less sub-agents' answers when anything else is carried.
+def _summaries(root: Node, tree_of: dict[int, Node], leaves: list[Node], rules: RebuildRules) -> list[Node]:
+    """The summary ``root`` continues from: the latest carried leaf (two only when created at once).
 
-    A parent's later prompts carry a sub-agent's answer (its tree's last leaf) as a
-    tool result; that is not a summary unless it is the only candidate.
+    A harness summarises right before it restarts; whatever else the new prompt
+    keeps (preserved turns, a sub-agent's answer as a tool result) was generated
+    before the summary. Two carried leaves created at the same instant cannot be
+    ordered: both are returned and the segment is ambiguous.
     """
     found = _summary_matches(root, tree_of, leaves, rules.compaction_min_tokens)
     if len(found) < 2:
         return found
-    answers = set()
-    for top in {id(tree_of[id(n)]): tree_of[id(n)] for n in found}.values():
-        ident = known.get(id(top))
-        if ident is not None and ident.kind is TraceKind.SUBAGENT:
-            answers.add(id(max((n for n in leaves if tree_of[id(n)] is top), key=lambda n: n.order_key)))
-    rest = [n for n in found if id(n) not in answers]
-    return rest or found
+    latest = max(n.call.created_at for n in found)
+    return [n for n in found if n.call.created_at == latest]
+
+
+_WINDOWS = 8  # evenly spaced windows tried per generation, with the middle one: a harness may drop part of it
 
 
 def _summary_matches(root: Node, tree_of: dict[int, Node], leaves: list[Node], width: int) -> list[Node]:
-    """Earlier leaves of other trees whose generation's middle ``width`` tokens the root's prompt carries."""
+    """Earlier leaves of other trees one of whose generation windows the root's prompt carries."""
     prompt = root.call.prompt_token_ids
     if not prompt:
         return []
@@ -273,12 +278,11 @@ def _summary_matches(root: Node, tree_of: dict[int, Node], leaves: list[Node], w
     found = []
     for leaf in leaves:
         generation = leaf.generation
-        if tree_of[id(leaf)] is root or leaf.order_key >= root.order_key or not generation:
-            continue
-        if len(generation) < width:
-            continue  # too short to tell a summary from a coincidence
-        start = (len(generation) - width) // 2
-        if _contains(haystack, array("I", generation[start:start + width]).tobytes()):
+        if tree_of[id(leaf)] is root or leaf.order_key >= root.order_key or len(generation) < width:
+            continue  # a generation shorter than the window is too short to tell a summary from a coincidence
+        last = len(generation) - width
+        starts = sorted({last // 2, *(last * k // (_WINDOWS - 1) for k in range(_WINDOWS))})
+        if any(_contains(haystack, array("I", generation[i:i + width]).tobytes()) for i in starts):
             found.append(leaf)
     return found
 

@@ -60,9 +60,10 @@ class RebuildRules:
       ``prompt`` (Codex: ``message``) argument is the sub-agent's opening
       message, its ``subagent_type`` or ``agent_type`` (else ``description``)
       the label.
-    - ``compaction_min_tokens``: a root that carries the middle this-many tokens
-      of an earlier leaf's generation starts a compaction segment linked to that
-      call (a shorter generation never links: too short to tell a summary from a
+    - ``compaction_min_tokens``: a root that carries a window of this many
+      tokens of an earlier leaf's generation (the middle and 8 evenly spaced windows)
+      starts a compaction segment linked to that call, the latest such leaf (a
+      shorter generation never links: too short to tell a summary from a
       coincidence).
     - ``train_summaries``: a compaction summary's generation is loss-bearing in
       the segment that produced it; off, it is context only.

@@ -16,6 +16,7 @@ import anthropic
 import pytest
 
 from compose import claude_code as cc
+from compose.claude_code.runner import ClaudeCodeUsageError
 from tests.unit.compose.harness_cli_helpers import (
     check_pins,
     installed_or_skip,
@@ -45,6 +46,13 @@ def test_environment_is_built_from_scratch(tmp_path: Path, monkeypatch: pytest.M
     assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9"
     assert env["HOME"] == str(tmp_path) and env["CLAUDE_CONFIG_DIR"] == str(tmp_path / ".claude")
     assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+
+
+@pytest.mark.parametrize("kwargs", [{"persist_session": True}, {"resume": "7d0c2d3e-session"}])
+def test_session_options_need_a_kept_home(tmp_path: Path, kwargs: dict) -> None:
+    # A session saved in the default throw-away home would be gone before anything could resume it.
+    with pytest.raises(ClaudeCodeUsageError, match="needs home="):
+        cc.run_claude_code("http://127.0.0.1:9", "hello", workdir=tmp_path, executable=tmp_path / "absent", **kwargs)
 
 
 def test_stub_speaks_the_messages_api_to_the_anthropic_sdk() -> None:
@@ -160,6 +168,25 @@ def test_real_cli_still_sends_what_the_fixtures_hold(bash_two_turn: cc.Recording
     for got, want in zip(live, expected):
         assert {k: v for k, v in got["headers"].items() if k not in volatile} == \
             {k: v for k, v in want["headers"].items() if k not in volatile}
+
+
+def test_real_cli_resumes_a_persisted_session(claude_binary: Path, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    replies = [cc.text_reply("first answer"), cc.text_reply("second answer")]
+    with cc.RecordingAnthropicStub(cc.scripted(replies)) as stub:
+        first = cc.run_claude_code(stub.base_url, "first prompt", workdir=tmp_path, executable=claude_binary,
+                                   home=home, persist_session=True)
+        assert first.ok and "--no-session-persistence" not in first.argv, first.stderr_tail
+        second = cc.run_claude_code(stub.base_url, "second prompt", workdir=tmp_path, executable=claude_binary,
+                                    home=home, resume=first.session_id)
+        assert second.ok and second.final_text == "second answer", second.stderr_tail
+        default = cc.run_claude_code(stub.base_url, "third prompt", workdir=tmp_path, executable=claude_binary)
+        assert default.ok and "--no-session-persistence" in default.argv
+    assert second.session_id == first.session_id
+    resumed = json.dumps(stub.messages_requests()[1].body["messages"])
+    # The resumed run's request carries the saved conversation, then the new prompt.
+    assert resumed.index("first prompt") < resumed.index("first answer") < resumed.index("second prompt")
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find processes")

@@ -194,13 +194,28 @@ def test_a_generation_shorter_than_compaction_min_tokens_never_links_even_when_c
     assert trace_of(linked, m1).kind == "main"
 
 
-def test_a_root_carrying_two_leaves_generations_is_an_ambiguous_compaction():
+def test_a_root_carrying_two_leaves_generations_continues_from_the_later_one():
+    # Claude Code's first prompt after /compact carries the summary and, verbatim, the last turn it kept:
+    # the summary is the later leaf (a harness summarises right before it restarts).
+    m1 = root([1, 2], [3], created_at=1.0)
+    m2 = child(m1, [4], [5], created_at=2.0)
+    kept, summary = list(range(200, 220)), list(range(300, 320))
+    s1, s2 = child(m1, [6], kept, created_at=3.0), child(m1, [7], summary, created_at=4.0)
+    x1 = root([8, *middle(kept), *middle(summary)], [9], created_at=5.0)
+    x2 = child(x1, [10], [11], created_at=6.0)
+    out = traces(snapshot_of(m1, m2, s1, s2, x1, x2, finish=declared(m2)))
+    seg = trace_of(out, x1)
+    assert (seg.kind, seg.segment, seg.attachment.call_id, seg.mask_sample) == ("compaction", 1, s2.model_call_id, False)
+    assert not out.mask_sample, out.mask_reasons
+
+
+def test_a_root_carrying_two_leaves_made_at_the_same_instant_is_an_ambiguous_compaction():
     m1 = root([1, 2], [3])
     m2 = child(m1, [4], [5])
     a, b = list(range(200, 220)), list(range(300, 320))
-    s1, s2 = child(m1, [6], a), child(m1, [7], b)
-    x1 = root([8, *middle(a), *middle(b)], [9])
-    x2 = child(x1, [10], [11])
+    s1, s2 = child(m1, [6], a, created_at=3.0), child(m1, [7], b, created_at=3.0)  # the two cannot be ordered
+    x1 = root([8, *middle(a), *middle(b)], [9], created_at=4.0)
+    x2 = child(x1, [10], [11], created_at=5.0)
     out = traces(snapshot_of(m1, m2, s1, s2, x1, x2, finish=declared(m2)))
     seg = trace_of(out, x1)
     assert seg.kind == "compaction" and tcodes(seg) == [MaskCode.TRACE_AMBIGUOUS]

@@ -275,3 +275,16 @@ def test_a_subagents_answer_carried_beside_the_summary_does_not_make_the_compact
     segment = next(t for t in out.traces if t.kind == "compaction")
     assert (segment.segment, segment.attachment.call_id, segment.mask_sample) == (1, summary.model_call_id, False)
     assert [t.kind for t in out.traces].count("subagent") == 1
+
+
+def test_a_summary_whose_thinking_the_harness_dropped_still_links():
+    # The next prompt carries only the last part of the summary's generation (Claude Code keeps the text,
+    # not the thinking before it): a window off the middle is carried.
+    m1 = root([1, 2], [3], created_at=1.0)
+    generation = list(range(200, 280))  # 80 tokens: "thinking" 200-259, text 260-279
+    s = child(m1, [6], generation, created_at=2.0)
+    c1 = root([7, *generation[60:], 8], [9], created_at=3.0)
+    c2 = child(c1, [10], [11], created_at=4.0)
+    out = traces(snapshot_of(m1, s, c1, c2, finish=declared(c2)))
+    seg = trace_of(out, c1)
+    assert (seg.kind, seg.segment, seg.attachment.call_id) == ("compaction", 1, s.model_call_id)

@@ -291,3 +291,12 @@ async def test_logprobs_modes_report_what_vllm_reports(make_client):
 def test_sse_framing_helper_still_checks_done():
     with pytest.raises(AssertionError):
         parse_sse('data: {"a": 1}\n\n')
+
+
+async def test_answer_words_directive_fixes_the_final_answers_length(client):
+    # A compaction test needs a summary long enough to be recognised in the next prompt.
+    for n in (3, 40):
+        data = await chat(client, messages=user_turn(f"Summarise. #tool-calls=0 #answer-words={n}"),
+                          return_token_ids=True)
+        content = data["choices"][0]["message"]["content"]
+        assert len(content.split()) == n + 1, content  # the sentence's first word, then n words
