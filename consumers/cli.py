@@ -18,6 +18,7 @@ import sys
 
 from pydantic import ValidationError
 
+from consumers.rebuild.rules import DELIVERY_MODES
 from schemas.topics import add_topic_options
 
 EXIT_TOPICS_UNAVAILABLE = 4
@@ -32,6 +33,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-response", action="store_true", help="skip the Responses projection")
     parser.add_argument("--rules", default="{}",
                         help="JSON object of rebuild rules, e.g. '{\"side_call_models\": [\"haiku\"]}'")
+    parser.add_argument("--delivery", choices=DELIVERY_MODES,
+                        help="rebuild delivery mode (overrides the rules' delivery_mode): terminal (default), gym, "
+                             "or traces (every labelled trace of the rollout's tree)")
     parser.add_argument("--side-call-model", action="append", default=[], metavar="PATTERN",
                         help="requested-model substring that marks a side call (repeatable)")
     parser.add_argument("--max-mask-fraction", type=float, help="stop when more than this fraction is masked")
@@ -53,6 +57,8 @@ def main(args: argparse.Namespace) -> int:
         rules = json.loads(args.rules)
         if not isinstance(kwargs, dict) or not isinstance(rules, dict):
             raise ValueError("--sink-kwargs and --rules must be JSON objects")
+        if getattr(args, "delivery", None):
+            rules["delivery_mode"] = args.delivery
         if args.side_call_model:
             rules["side_call_models"] = [*rules.get("side_call_models", []), *args.side_call_model]
         topics = topic_names(args.topic_prefix)

@@ -1,0 +1,48 @@
+"""``tokentrail consume`` options that reach the consumer's settings (no broker: the run is replaced)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from consumers import cli
+
+
+def _settings_of(monkeypatch, tmp_path, *argv: str):
+    seen = {}
+
+    async def fake_run(settings, sink, max_rollouts):
+        seen["settings"] = settings
+        return 0
+
+    monkeypatch.setattr(cli, "_run", fake_run)
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    args = parser.parse_args(["--bootstrap", "127.0.0.1:9", "--sink-path", str(tmp_path / "out.jsonl"), *argv])
+    assert cli.main(args) == 0
+    return seen["settings"]
+
+
+def test_delivery_traces_sets_the_rules_delivery_mode(monkeypatch, tmp_path):
+    settings = _settings_of(monkeypatch, tmp_path, "--delivery", "traces")
+    assert settings.rebuild_rules().delivery_mode == "traces"
+
+
+def test_delivery_overrides_the_rules_json_and_keeps_its_other_rules(monkeypatch, tmp_path):
+    settings = _settings_of(monkeypatch, tmp_path, "--rules", '{"delivery_mode": "gym", "toolless_max_tokens": 5}',
+                            "--delivery", "traces")
+    rules = settings.rebuild_rules()
+    assert (rules.delivery_mode, rules.toolless_max_tokens) == ("traces", 5)
+
+
+def test_without_delivery_the_rules_decide(monkeypatch, tmp_path):
+    assert _settings_of(monkeypatch, tmp_path).rebuild_rules().delivery_mode == "terminal"
+
+
+def test_an_unknown_delivery_is_refused_by_name(capsys):
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--bootstrap", "b", "--delivery", "forest"])
+    assert "--delivery" in capsys.readouterr().err
