@@ -22,7 +22,8 @@ chains != 1, any unresolved parent or retry. ``delivery_mode="traces"`` delivers
 the terminal chain as ``"terminal"`` does and every trace of the forest in
 ``traces`` (``consumers.rebuild.traces``); the traces decide the mask instead of
 the delivered chain's lineage: a masked trace of a kind in
-``rules.mask_rollout_kinds`` masks the rollout (``trace_masked``), a compaction
+``rules.mask_rollout_kinds`` masks the rollout (``trace_masked``), the projection is
+per trace (the top-level ``response_json`` is None: it would repeat a trunk's), a compaction
 segment linked to its summary is not an unresolved parent, and the rollout
 totals count every unmasked trace's loss-bearing tokens.
 """
@@ -108,7 +109,8 @@ def _rebuild(snapshot: Snapshot, rules: RebuildRules, reasons: list[MaskReason])
     if delivered and not any(n.quarantined for n in delivered):
         try:
             trajectory = chain_trajectory(delivered)
-            if rules.project_response:
+            # Traces mode projects each trace instead: the terminal chain's projection would be its trunk's again.
+            if rules.project_response and rules.delivery_mode != "traces":
                 response = project_response_json(delivered, snapshot.rollout_id)
         except Exception as exc:  # ChainError, or a malformed record: the chain is not deliverable
             error = f"{type(exc).__name__}: {exc}"

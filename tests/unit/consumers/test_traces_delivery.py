@@ -149,8 +149,11 @@ def test_terminal_mode_delivers_what_traces_mode_does_at_the_top_level_and_no_tr
     terminal = rebuild(snap, RebuildRules(**RICH_RULES))
     full = traces(snap, **RICH_RULES)
     assert terminal.traces == [] and len(full.traces) == 6
-    for name in ("rollout_id", "snapshot_id", "version", "trajectory", "response_json", "result_json"):
+    for name in ("rollout_id", "snapshot_id", "version", "trajectory", "result_json"):
         assert getattr(terminal, name) == getattr(full, name), name
+    # traces mode projects each trace, not the terminal chain again (it is a trunk's projection)
+    assert terminal.response_json is not None and full.response_json is None
+    assert all(t.response_json is not None for t in full.traces if t.trajectory is not None)
     assert dataclasses.replace(terminal.metrics, **{k: 0 for k in _TOTALS}) == \
         dataclasses.replace(full.metrics, **{k: 0 for k in _TOTALS})
     # the masks differ by design: terminal mode reads the chain's lineage, traces mode the traces
