@@ -10,6 +10,7 @@ Decision rule:
   offered, else the first.
 * ``#parallel-calls=N`` makes one turn call the tool N times (arguments numbered on),
   which is what ``parallel_tool_calls=false`` is there to cut.
+* Codex's sub-agent tools (``spawn_agent``, ``wait_agent``) follow ``multi_agent``'s three rules.
 * ``#answer-words=N`` makes a final answer N words after its first (else 6-37): a test that
   needs a long answer (a compaction summary) asks for one.
 * Arguments are built from the schema's required properties and serialised with
@@ -28,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from compose.policy import template
+from compose.policy import multi_agent, template
 from compose.policy.words import WORDS
 
 _K_DIRECTIVE = re.compile(r"#tool-calls=(\d+)")
@@ -102,6 +103,9 @@ def decide_tool_calls(
     if not tools or tool_choice == "none":
         return []
     offered = {_tool_function(t).get("name"): _tool_function(t) for t in tools}
+    agent_turn = multi_agent.decide(messages, set(offered))
+    if agent_turn is not None:
+        return [ToolDecision(name, arguments) for name, arguments in agent_turn]
     k, wanted = directive_values(messages)
     done = tool_results_since_last_user(messages)
     named = None
@@ -116,9 +120,10 @@ def decide_tool_calls(
     else:
         function = _tool_function(tools[0])
     schema = function.get("parameters") or {}
-    return [ToolDecision(str(function.get("name", "")),
-                         json.dumps(build_arguments(schema, done + 1 + i, rng), ensure_ascii=False))
-            for i in range(parallel_calls(messages))]
+    name = str(function.get("name", ""))
+    calls = [multi_agent.with_child_task(name, build_arguments(schema, done + 1 + i, rng))
+             for i in range(parallel_calls(messages))]
+    return [ToolDecision(name, json.dumps(args, ensure_ascii=False)) for args in calls]
 
 
 def decide_tool_call(

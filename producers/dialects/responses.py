@@ -19,9 +19,15 @@ Guarantees of ``to_chat_request``:
 * Stateful requests (``previous_response_id``, ``conversation``, ``background``, stored
   ``prompt`` templates) raise ``DialectError``: token capture needs the full input in
   every request. Other untranslated top-level keys are dropped; ``dropped_keys`` lists them.
-* Function tools become chat tools; hosted tools (``web_search``, ``custom``, ...) are
-  skipped; ``tool_choice`` is sent only when a function tool is. Streaming asks for
+* Function tools become chat tools, and so do the function tools of a ``namespace`` tool,
+  under their bare names (unique across the request, else ``DialectError``; see
+  ``responses_output``); hosted tools (``web_search``, ``custom``, ...) are skipped;
+  ``tool_choice`` is sent only when a function tool is. Streaming asks for
   ``stream_options.include_usage`` (the final Response carries usage).
+* A ``function_call`` input item's ``namespace`` (a string when present) is not sent
+  upstream: the model generated the bare name, and lineage hashes the bare name too.
+* Items this translator does not know (multi-agent v2's ``agent_message``, a content part
+  such as ``encrypted_content``) raise ``DialectError`` naming ``input[i]`` (a 400).
 * ``reasoning.effort``: absent ``reasoning`` leaves the upstream default; effort ``"none"``
   (or null) sends ``enable_thinking: false``; any other effort sends ``true``.
 """
@@ -41,7 +47,7 @@ from producers.dialects.common import (
     refuse_chat_tool_calls,
     shown,
 )
-from producers.dialects.responses_output import from_chat_response
+from producers.dialects.responses_output import chat_tools, from_chat_response
 from producers.dialects.responses_stream import StreamTranslator
 
 __all__ = ["DialectError", "StreamTranslator", "dropped_keys", "encode_sse", "from_chat_response",
@@ -97,7 +103,7 @@ def to_chat_request(body: dict) -> dict:
     if body.get("stream"):
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}  # the final Response carries usage
-    tools = [_tool(t) for t in expect_objects(body.get("tools") or [], "tools", "tool") if _is_function_tool(t)]
+    tools = chat_tools(body.get("tools"))
     if tools:
         out["tools"] = tools
         if body.get("tool_choice") is not None:
@@ -201,6 +207,10 @@ def _function_call(item: dict, where: str) -> dict:
     call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
     if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, str):
         raise DialectError(f"{where}: a function_call item needs string call_id, name and arguments")
+    namespace = item.get("namespace")
+    if namespace is not None and not isinstance(namespace, str):
+        raise DialectError(f"'{where}.namespace' must be a string (the namespace tool's name, e.g. "
+                           f"\"multi_agent_v1\"), got {shown(namespace)}")
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
@@ -261,22 +271,6 @@ def _output_text(output: Any, where: str) -> str:
         else:
             raise DialectError(f"{where}: unsupported function_call_output part type {kind!r}")
     return join_text(texts)
-
-
-def _is_function_tool(tool: Any) -> bool:
-    if not isinstance(tool, dict):
-        raise DialectError("each tool must be an object")
-    return tool.get("type") == "function"  # hosted tools (web_search, ...) never reach the model
-
-
-def _tool(tool: dict) -> dict:
-    if not isinstance(tool.get("name"), str) or not tool["name"]:
-        raise DialectError("a function tool needs a 'name'")
-    function: dict[str, Any] = {"name": tool["name"]}
-    for key in ("description", "parameters", "strict"):
-        if tool.get(key) is not None:
-            function[key] = tool[key]
-    return {"type": "function", "function": function}
 
 
 def _tool_choice(choice: Any) -> Any:

@@ -29,6 +29,8 @@ Guarantees:
   chunk's ``content: ""`` opens nothing.
 * ``finish`` raises ``DialectError`` when no chunk carried a ``finish_reason``.
 * Token fields are read for counting at most, never emitted.
+* A function call of a namespaced tool carries ``namespace`` in ``output_item.added`` and
+  ``output_item.done`` alike (the harness may dispatch on either).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from producers.dialects.responses_output import (
     function_call_item,
     item_id,
     message_item,
+    namespace_map,
     reasoning_item,
     response_object,
     status_of,
@@ -56,6 +59,7 @@ class StreamTranslator:
 
     def __init__(self, response_id: str, model: str, request: dict) -> None:
         self.response_id, self.model, self.request = response_id, model, request
+        self.namespaces = namespace_map(request.get("tools"))  # a namespaced call's item carries its namespace
         self.reader = ChunkReader()
         self.sequence = 0
         self.sent = 0  # events handed out by feed calls that returned (the client has them)
@@ -140,7 +144,8 @@ class StreamTranslator:
             part = {"type": "output_text", "text": "", "annotations": []}
         else:
             open_["tool"], open_["call_id"], open_["name"] = tool
-            item = function_call_item(open_["id"], open_["call_id"], open_["name"], "", status="in_progress")
+            item = function_call_item(open_["id"], open_["call_id"], open_["name"], "", status="in_progress",
+                                      namespace=self.namespaces.get(open_["name"]))
             part = None
         self.open = open_
         events.append(self._event("response.output_item.added", output_index=index, item=item))
@@ -174,7 +179,8 @@ class StreamTranslator:
             events.append(self._event("response.content_part.done", **where, content_index=0,
                                       part=dict(item["content"][0])))
         else:
-            item = function_call_item(iid, open_["call_id"], open_["name"], text, status=status)
+            item = function_call_item(iid, open_["call_id"], open_["name"], text, status=status,
+                                      namespace=self.namespaces.get(open_["name"]))
             events.append(self._event("response.function_call_arguments.done", **where,
                                       name=open_["name"], arguments=text))
         self.output.append(item)
