@@ -107,10 +107,10 @@ def _quarantine_subtree(node: Node) -> None:
         stack.extend(n.children)
 
 
-def chains(forest: Forest) -> list[list[Node]]:
-    """Root-to-leaf paths over non-quarantined nodes, in a deterministic order."""
+def chains(forest: Forest, roots: list[Node] | None = None) -> list[list[Node]]:
+    """Root-to-leaf paths over non-quarantined nodes (from ``roots``, default every root), deterministic order."""
     out: list[list[Node]] = []
-    for root in forest.roots:
+    for root in forest.roots if roots is None else roots:
         if root.quarantined:
             continue
         stack: list[tuple[Node, int]] = [(root, 0)]

@@ -52,7 +52,7 @@ def build_traces(forest: Forest, terminal: Node | None, unresolved_retries: list
     owner: dict[int, int] = {}  # id(node) -> index of the trace that trains on it
     plans: list[tuple[list[Node], int, RootIdentity, Node]] = []  # (path, own_from, identity, root)
     for root in sorted(roots, key=lambda r: (identities[id(r)].kind is not TraceKind.MAIN, r.order_key)):
-        tree_chains = _tree_chains(forest, root)
+        tree_chains = chains(forest, [root])
         trunk = ancestry(_trunk_target(tree_chains, terminal, summaries))
         for path in [trunk, *tree_chains]:
             own_from = next((i for i, n in enumerate(path) if id(n) not in owner), None)
@@ -79,10 +79,6 @@ def rollout_reasons(traces: list[Trace], rules: RebuildRules) -> list[MaskReason
             out.append(MaskReason(code=MaskCode.TRACE_MASKED, call_ids=list(trace.call_ids),
                                   detail=f"trace {index} ({trace.kind} {trace.label}) is masked: {codes}"))
     return out
-
-
-def _tree_chains(forest: Forest, root: Node) -> list[list[Node]]:
-    return chains(Forest(links=forest.links, live=forest.live, roots=[root], empty=forest.empty, side=forest.side))
 
 
 def _trunk_target(tree_chains: list[list[Node]], terminal: Node | None, summaries: set[int]) -> Node:
