@@ -1,15 +1,19 @@
 """Shared by the integration suites: the real-vLLM tier's gate (skip with the install command
 locally, fail under CI), and the checks every harness's delivered rollout must pass on either engine
 (one token-exact chain; with ``delivery_mode="traces"``, every trace token-exact and every generated
-token loss-bearing once)."""
+token loss-bearing once), and the stack the traces tests share."""
 
 from __future__ import annotations
 
+import json
 import os
+import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from compose.stack import LocalStack
 from compose.vllm_engine.engine import unavailable_reason
 
 
@@ -66,3 +70,12 @@ def assert_traces_exact(stack: Any, record: dict) -> list[dict]:
     owned = [cid for t in traces for cid in t["call_ids"]]
     assert len(owned) == len(set(owned)) == m["n_calls"], "a call is in two traces, or in none"
     return traces
+
+
+def traces_stack(kafka_bootstrap: str, directory: Path, name: str, rollout_secret: str) -> LocalStack:
+    """A stack on the reference policy whose consumer delivers traces; a harness's ~40-50 KB system
+    prompt and tools need the long context."""
+    tag = f"{name}{uuid.uuid4().hex[:8]}"
+    return LocalStack(kafka_bootstrap, directory, topic_prefix=f"{tag}.", processor_id=tag,
+                      policy_args=("--max-model-len", "262144"), rollout_secret=rollout_secret,
+                      consumer_args=("--rules", json.dumps({"delivery_mode": "traces"})))

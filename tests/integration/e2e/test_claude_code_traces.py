@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 
 from compose.stack import LocalStack
+from tests.integration import engines
 from tests.integration.engines import assert_traces_exact
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
@@ -44,12 +45,7 @@ TIMEOUT_S = 120
 
 @pytest.fixture(scope="module")
 def traces_stack(kafka_bootstrap, tmp_path_factory):
-    """Reference policy (a long context for Claude Code's ~50 KB prompt); the consumer delivers traces."""
-    tag = uuid.uuid4().hex[:8]
-    with LocalStack(kafka_bootstrap, tmp_path_factory.mktemp("cctr"), topic_prefix=f"cctr{tag}.",
-                    processor_id=f"cctr{tag}", policy_args=("--max-model-len", "262144"),
-                    rollout_secret=ROLLOUT_SECRET,
-                    consumer_args=("--rules", json.dumps({"delivery_mode": "traces"}))) as running:
+    with engines.traces_stack(kafka_bootstrap, tmp_path_factory.mktemp("cctr"), "cctr", ROLLOUT_SECRET) as running:
         yield running
 
 

@@ -34,6 +34,7 @@ import uuid
 import pytest
 
 from compose.stack import LocalStack
+from tests.integration import engines
 from tests.integration.engines import assert_traces_exact
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
@@ -42,12 +43,7 @@ ROLLOUT_SECRET = "e2e-rollout-secret-0123456789abcdef"
 
 @pytest.fixture(scope="module")
 def traces_stack(kafka_bootstrap, tmp_path_factory):
-    """Reference policy (a long context for Codex's ~40 KB prompt); the consumer delivers traces."""
-    tag = uuid.uuid4().hex[:8]
-    with LocalStack(kafka_bootstrap, tmp_path_factory.mktemp("cxtr"), topic_prefix=f"cxtr{tag}.",
-                    processor_id=f"cxtr{tag}", policy_args=("--max-model-len", "262144"),
-                    rollout_secret=ROLLOUT_SECRET,
-                    consumer_args=("--rules", json.dumps({"delivery_mode": "traces"}))) as running:
+    with engines.traces_stack(kafka_bootstrap, tmp_path_factory.mktemp("cxtr"), "cxtr", ROLLOUT_SECRET) as running:
         yield running
 
 

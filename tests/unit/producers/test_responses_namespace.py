@@ -11,11 +11,8 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from compose.policy import create_app
-from producers.app import Interceptor
 from producers.dialects import responses as rdialect
 from producers.dialects.common import DialectError
-from producers.settings import InterceptorSettings
 from schemas.records import CallCaptured, ParentResolution
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
@@ -174,16 +171,9 @@ def test_a_streamed_namespaced_call_carries_its_namespace_in_added_done_and_the_
 
 
 @pytest.fixture
-async def client(publisher):
-    policy = create_app()
-    upstream = httpx.AsyncClient(base_url="http://policy", transport=httpx.ASGITransport(app=policy))
-    interceptor = Interceptor(InterceptorSettings(upstream_url="http://policy", bootstrap="unused:1",
-                                                  upstream_model="tokentrail-policy"),
-                              publisher=publisher, upstream=upstream)  # type: ignore[arg-type]
-    await interceptor.startup()
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=interceptor), base_url="http://tt") as c:
-        yield c
-    await interceptor.shutdown()
+async def client(make_interceptor):
+    http, _ = await make_interceptor(upstream_model="tokentrail-policy")
+    return http
 
 
 async def respond(client: httpx.AsyncClient, rollout: str, body: dict) -> tuple[int, dict]:
@@ -227,5 +217,6 @@ async def test_a_multi_agent_v2_item_is_a_400_naming_it_not_a_500(client):
 
 
 async def test_a_name_collision_is_a_400_naming_the_field(client):
-    status, answer = await respond(client, "ns-clash", {**REQUEST, "tools": [NAMESPACE, {**EXEC, "name": "wait_agent"}]})
+    clash = {**REQUEST, "tools": [NAMESPACE, {**EXEC, "name": "wait_agent"}]}
+    status, answer = await respond(client, "ns-clash", clash)
     assert status == 400 and "'tools[1].name'" in answer["error"]["message"], answer
