@@ -48,7 +48,10 @@ def test_claude_code_collect_killed_half_way_then_resumed(claude, collect_stack,
             return True
         if len(rows(out)) < 5 or not journal_path.exists():
             return False
-        entries = [json.loads(line) for line in journal_path.read_text().splitlines()[:-1]]  # whole lines only
+        # Whole lines only: drop what follows the last newline (a line being written), never a complete
+        # last line (dropping that one, a harness's "finish", made a finished attempt look still running).
+        text = journal_path.read_text()
+        entries = [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
         ended = {(e["key"], e["attempt"]) for e in entries if e["type"] in ("finish", "failure")}
         return any(e["type"] == "attempt" and (e["key"], e["attempt"]) not in ended for e in entries)
 
