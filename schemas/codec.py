@@ -51,6 +51,7 @@ from schemas.records import (
     Trace,
     TraceAttachment,
     Trajectory,
+    VersionSpan,
 )
 
 MAGIC = b"\xc3\x01"
@@ -104,12 +105,13 @@ Nested = Mapping[type, Mapping[str, Any]]
 
 # Read-only: a module defining its own records passes ``with_nested(...)`` to its codecs instead.
 _NESTED: Nested = MappingProxyType({
-    CallFacts: {"dialect": Dialect},
+    CallFacts: {"dialect": Dialect, "version_spans": [VersionSpan]},
     CallCaptured: {"facts": CallFacts, "parent_resolution": ParentResolution, "prompt_token_ids": _U32,
                    "generation_token_ids": _U32, "generation_log_probs": _F64},
     RolloutEvent: {"body": _BODY},
     SnapshotCall: {"call": CallCaptured},
     Snapshot: {"calls": [SnapshotCall], "incomplete_markers": [CallIncomplete], "finished": RolloutFinished},
+    CallSpan: {"version_spans": [VersionSpan]},
     Trajectory: {"spans": [CallSpan], "token_ids": _U32, "log_probs": _F64},
     CaptureMetrics: {"terminal_attribution": TerminalAttribution},
     Trace: {"attachment": TraceAttachment, "trajectory": Trajectory, "mask_reasons": [MaskReason]},

@@ -138,6 +138,36 @@ class MaskCode(StrEnum):
     RECORD_TOO_LARGE = "record_too_large"
     # A finish group that cannot be grouped; yielded as a group of one (consumers.sinks.stream).
     INVALID_GROUP = "invalid_group"
+    # --- policy versions (consumers.rebuild.builder, consumers.staleness) ---
+    # The engine aborted a call's generation (a weight-update pause) and no captured retry names it.
+    ABORTED_BY_UPDATE = "aborted_by_update"
+    # The oldest generated token's version is more than max_staleness versions behind the current one.
+    STALE_POLICY = "stale_policy"
+    # max_staleness is set and a generated token's version was never announced (or is not known).
+    UNKNOWN_POLICY_VERSION = "unknown_policy_version"
+
+
+@dataclass(**_FROZEN)
+class VersionSpan:
+    """Tokens ``[start, end)`` were sampled under weight version ``version``; ``""``: not known.
+
+    In ``CallFacts`` positions are over the call's ``generation_token_ids``; in ``CallSpan`` over the
+    trajectory's ``token_ids``. Spans are run-length: adjacent spans never share a version, and a
+    non-empty list covers every generated token of its call exactly once, in order.
+    """
+
+    version: str
+    start: int
+    end: int
+
+
+class VersionSource(StrEnum):
+    """Where a call's per-token versions come from (``CallFacts.version_spans_source``; wire strings)."""
+
+    ENGINE = "engine"  # the engine's own weight_versions spans (vLLM 0.33 return_weight_versions)
+    OBSERVED = "observed"  # the interceptor split the stream where the announced version changed
+    BRACKET = "bracket"  # the announced version at dispatch and at completion (no token index)
+    NONE = ""  # nothing named a version
 
 
 @dataclass(**_FROZEN)
@@ -163,6 +193,12 @@ class CallFacts:
     trace_declared: str = ""
     agent_name: str = ""
     opening_text_digests: list[str] = field(default_factory=list)
+    version_spans: list[VersionSpan] = field(default_factory=list)
+    version_spans_source: str = ""
+    dispatch_version: str | None = None
+    completion_version: str | None = None
+    retry_of: str = ""
+    continued: int = 0
 
 
 @dataclass(**_FROZEN)
@@ -316,6 +352,9 @@ class CallSpan:
     generation_start: int
     end: int
     policy_version: str | None = None
+    version_spans: list[VersionSpan] = field(default_factory=list)
+    version_source: str = ""
+    dispatch_version: str | None = None
 
 
 @dataclass(**_FROZEN)
