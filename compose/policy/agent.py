@@ -19,6 +19,13 @@ then space-prefixed words, then one ``.``), so ``encode(decode(ids)) == ids`` fo
 generated ids, unless the ``drift`` fault asks for one non-canonical (byte-split) word.
 Generation stops at ``<|im_end|>`` (unless ``ignore_eos``), at a stop token id or stop
 string, or at ``max_tokens`` (finish reason ``length``).
+
+Weight versions are per token, as vLLM stamps every engine step with its current label:
+``GenerationParams.version_changes`` lists ``(token index, table version, label)`` where a
+weight update (during a ``keep`` pause) took effect, and each token is sampled and scored
+with the table of the version current at its index. A run is a deterministic function of
+its schedule, so re-running with a change appended at index ``t`` reproduces tokens
+``0..t-1`` exactly and continues under the new weights.
 """
 
 from __future__ import annotations
@@ -57,8 +64,19 @@ class GenerationParams:
     drift: bool = False
     repetition: bool = False
     forced_json: bool = False  # a forced tool choice writes vLLM's constrained JSON, not markup
-    weight_version: int = 0  # the model-table version (control.version_key of the label)
+    weight_version: int = 0  # the model-table version of the first token (control.version_key of the label)
     weight_label: str = "default"
+    # (first token index, table version, label) of each later weight update, ascending indexes
+    version_changes: tuple[tuple[int, int, str], ...] = ()
+
+    def at(self, index: int) -> tuple[int, str]:
+        """(table version, label) current when token ``index`` is generated."""
+        current = (self.weight_version, self.weight_label)
+        for start, version, label in self.version_changes:
+            if start > index:
+                break
+            current = (version, label)
+        return current
 
 
 @dataclass
@@ -68,15 +86,17 @@ class Generation:
     rows: list[int] = field(default_factory=list)  # table row of each position (top_logprobs)
     finish_reason: str | None = None  # "stop" | "length" | "repetition" | "abort"
     stop_reason: str | int | None = None
-    weight_version: int = 0  # the model-table version
-    weight_label: str = "default"  # the label vLLM reports in weight_versions
+    weight_version: int = 0  # the model-table version at the first token (prompt log-probs use it)
+    weight_label: str = "default"
+    versions: list[int] = field(default_factory=list)  # table version of each position
+    labels: list[str] = field(default_factory=list)  # weight version label of each position (weight_versions)
 
     def cut(self, n: int) -> Generation:
         """The first ``n`` tokens, as an abort leaves them (``n`` at least the length: unchanged)."""
         if n >= len(self.token_ids):
             return self
         return replace(self, token_ids=self.token_ids[:n], logprobs=self.logprobs[:n], rows=self.rows[:n],
-                       finish_reason="abort", stop_reason=None)
+                       versions=self.versions[:n], labels=self.labels[:n], finish_reason="abort", stop_reason=None)
 
 
 class _Writer:
@@ -85,15 +105,19 @@ class _Writer:
     def __init__(self, model: PolicyModel, tok: tk.Tokenizer, prompt_ids: list[int],
                  params: GenerationParams, rng: np.random.Generator) -> None:
         self.model, self.tok, self.params, self.rng = model, tok, params, rng
-        self.version = params.weight_version
-        self.table = model.table(self.version)
+        self.tables: dict[int, np.ndarray] = {}
         self.ctx = model.context(prompt_ids)
-        self.out = Generation(weight_version=self.version, weight_label=params.weight_label)
+        self.out = Generation(weight_version=params.weight_version, weight_label=params.weight_label)
         self.drift_pending = params.drift
         self.text = ""
         self.done = params.max_tokens <= 0
         if self.done:
             self.out.finish_reason = "length"
+
+    @property
+    def version(self) -> int:
+        """The table version of the next position."""
+        return self.params.at(len(self.out.token_ids))[0]
 
     def _row(self) -> int:
         a, b, c = self.ctx
@@ -102,11 +126,17 @@ class _Writer:
     def emit(self, token: int, row: int | None = None) -> bool:
         if self.done:
             return False
-        row = self._row() if row is None else row
         out = self.out
+        version, label = self.params.at(len(out.token_ids))
+        row = self._row() if row is None else row
         out.token_ids.append(token)
-        out.logprobs.append(float(self.table[row, token]))
+        table = self.tables.get(version)
+        if table is None:
+            table = self.tables[version] = self.model.table(version)
+        out.logprobs.append(float(table[row, token]))
         out.rows.append(row)
+        out.versions.append(version)
+        out.labels.append(label)
         self.ctx = (self.ctx[1], self.ctx[2], token)
         if token == tk.IM_END and not self.params.ignore_eos:
             self._finish("stop", None)

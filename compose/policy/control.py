@@ -11,7 +11,9 @@ Pause follows ``POST /pause?mode=abort|wait|keep`` (``vllm/entrypoints/rl/online
 * ``abort`` (vLLM's default): every generation in flight, or waiting to start, ends now
   with finish_reason ``"abort"`` and the tokens generated so far;
 * ``wait``: the call returns once the generations in flight have finished;
-* ``keep``: generations in flight freeze where they are and go on after ``/resume``.
+* ``keep``: generations in flight freeze where they are and go on after ``/resume``, under
+  the weight version current then (an update while frozen splits their ``weight_versions``
+  at the first token generated after the resume: ``PolicyEngine.at_token``).
 
 While paused, new generations wait (vLLM queues them) until ``POST /resume``. A
 generation is "in flight" while its tokens are being delivered: with

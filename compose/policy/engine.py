@@ -15,7 +15,14 @@ work as usual, ``prompt_text`` is null. The ids are ignored (the messages render
 Guarantees: ``prepare`` either returns a job whose ``prompt_ids`` are exactly the ids the
 generations condition on, or raises ``RequestError`` carrying vLLM's status, type, param
 and text; nothing is generated for an invalid request. Generation is deterministic per
-(prompt ids, request seed or prompt hash, sampling parameters, weight version, choice).
+(prompt ids, request seed or prompt hash, sampling parameters, weight versions, choice).
+
+Weight versions per token (``vllm/v1/engine/core.py`` ``_attach_weight_version`` stamps
+each step's output with the engine's label): generations are computed ahead, under the
+label current at ``prepare``; ``at_token`` is called as each token is delivered, and when
+the label has changed since (an update during a ``keep`` pause, or while the request was
+queued) the undelivered rest is generated again under the new version. Tokens already
+delivered are unchanged (``agent.py``: a run is a function of its version schedule).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass, field as dc_field, replace
 from typing import Any
 
 import numpy as np
@@ -233,6 +240,25 @@ class PolicyEngine:
 
     def generate_all(self, job: ChatJob) -> list[Generation]:
         return [self.generate(job, i) for i in range(job.n)]
+
+    def at_token(self, job: ChatJob, gens: list[Generation], t: int) -> list[Generation]:
+        """The generations once token ``t`` is generated, under the label current now.
+
+        The same list when the label is the one token ``t`` was generated under; otherwise
+        ``job.params`` gains the change (at index 0 it replaces the first label: nothing was
+        generated yet, so the prompt log-probs move too) and every choice still generating
+        at ``t`` is generated again: tokens ``0..t-1`` identical, the rest under the new table.
+        """
+        label = self.weight_version
+        params = job.params
+        if params.at(t)[1] == label:
+            return gens
+        key = version_key(label)
+        if t == 0:
+            job.params = replace(params, weight_version=key, weight_label=label, version_changes=())
+        else:
+            job.params = replace(params, version_changes=params.version_changes + ((t, key, label),))
+        return [self.generate(job, i) if len(gen.token_ids) > t else gen for i, gen in enumerate(gens)]
 
     def score(self, ids: list[int], start: int, version: str | int | None = None) -> list[float]:
         return self.model.score(ids, start, version_key(self.weight_version if version is None else version))

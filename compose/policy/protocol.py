@@ -15,7 +15,9 @@
   and no nulls.
 * With ``include_reasoning: false`` token ids and log-probs are suppressed (vLLM's
   ``suppress_metadata``: this server always runs with a tool/reasoning parser).
-* ``weight_versions`` is vLLM's span list ``[{"version": label, "start": 0, "end": n}]``.
+* ``weight_versions`` is vLLM's span list ``[{"version", "start", "end"}]`` over the
+  generated tokens: one span per run of tokens generated under one label
+  (``weight_version_spans``); ``[]`` for a choice that generated nothing (an abort).
 * Tool calls: Hermes markup parsed as vLLM does (``parsing.py``), a forced tool choice's
   JSON as vLLM does (``forced.py``; the message content is then ``""``);
   ``parallel_tool_calls: false`` keeps only the first call in the message and the
@@ -72,6 +74,21 @@ def reasoning_tokens(ids: list[int]) -> int:
     return count
 
 
+def weight_version_spans(labels: list[str]) -> list[dict]:
+    """vLLM's spans of per-token labels (``vllm/v1/engine/output_processor.py``
+    ``track_weight_version`` / ``_weight_version_spans``): a span starts at the index of the
+    first token whose label differs from the previous token's and ends where the next one
+    starts (the last at the token count); a label that comes back starts a new span; no
+    tokens, no spans."""
+    spans: list[dict] = []
+    for i, label in enumerate(labels):
+        if not spans or spans[-1]["version"] != label:
+            if spans:
+                spans[-1]["end"] = i
+            spans.append({"version": label, "start": i, "end": len(labels)})
+    return spans
+
+
 class ResponseShaper:
     """Builds the JSON of one chat completion (all its choices) from a job and its generations."""
 
@@ -102,7 +119,7 @@ class ResponseShaper:
             if self.job.top_logprobs != 0:
                 # vLLM's logprob dict holds the sampled token first, then the top-k by rank;
                 # the listing is its first N entries.
-                ids, values = self.engine.model.top_logprobs(gen.rows[i], gen.weight_version)
+                ids, values = self.engine.model.top_logprobs(gen.rows[i], gen.versions[i])
                 pairs = [(token, gen.logprobs[i])]
                 pairs += [(int(t), float(v)) for t, v in zip(ids, values) if int(t) != token]
                 top = [self._entry(t, self._value(gen, i, t, v)) for t, v in pairs[: self.job.top_logprobs]]
@@ -116,7 +133,7 @@ class ResponseShaper:
         if mode == "raw_logprobs":
             return raw
         p = self.job.params
-        return self.engine.model.reported(mode, gen.rows[i], gen.weight_version, token, p.temperature, p.top_p,
+        return self.engine.model.reported(mode, gen.rows[i], gen.versions[i], token, p.temperature, p.top_p,
                                           p.top_k)
 
     def _entry(self, token: int, logprob: float) -> dict:
@@ -126,7 +143,7 @@ class ResponseShaper:
     def weight_versions(self, gen: Generation) -> list[dict] | None:
         if not self.job.return_weight_versions:
             return None
-        return [{"version": gen.weight_label, "start": 0, "end": len(gen.token_ids)}]
+        return weight_version_spans(gen.labels)
 
     def usage(self, completion_tokens: int, reasoning: int | None = None, *, details: bool = True) -> dict:
         prompt = len(self.job.prompt_ids)

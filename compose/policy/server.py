@@ -37,6 +37,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from compose.policy import admin, render, template
+from compose.policy.agent import Generation
 from compose.policy.engine import ChatJob, PolicyEngine
 from compose.policy.protocol import VLLM_VERSION, ResponseShaper
 from compose.policy.settings import PolicySettings
@@ -70,16 +71,21 @@ def _request_id(request: Request, body: Any) -> str:
     return given if isinstance(given, str) else uuid.uuid4().hex
 
 
-async def _decode(engine: PolicyEngine, flight: Any, n_tokens: int, ms_per_token: float) -> int:
-    """Deliver a non-streamed generation over time; returns how many tokens were produced."""
+async def _decode(engine: PolicyEngine, job: ChatJob, flight: Any, gens: list[Generation],
+                  ms_per_token: float) -> tuple[list[Generation], int]:
+    """Deliver a non-streamed generation over time: the generations as the weight versions
+    current at each token made them (``PolicyEngine.at_token``), and how many tokens were produced."""
     if not ms_per_token and not engine.control.paused:
-        return n_tokens
+        return gens, max(len(g.token_ids) for g in gens)
     if not await flight.admit():
-        return 0
-    for t in range(n_tokens):
+        return gens, 0
+    t = 0
+    while t < max(len(g.token_ids) for g in gens):
         if not await flight.step(ms_per_token):
-            return t
-    return n_tokens
+            return gens, t
+        gens = engine.at_token(job, gens, t)
+        t += 1
+    return gens, t
 
 
 def create_app(settings: PolicySettings | None = None) -> Starlette:
@@ -109,8 +115,7 @@ def create_app(settings: PolicySettings | None = None) -> Starlette:
 
             return StreamingResponse(flown(), media_type="text/event-stream")
         async with control.flight(request_id) as flight:
-            produced = await _decode(engine, flight, max(len(g.token_ids) for g in shaper.gens),
-                                     settings.decode_ms_per_token)
+            shaper.gens, produced = await _decode(engine, job, flight, shaper.gens, settings.decode_ms_per_token)
         if flight.aborted:
             shaper.gens = [g.cut(produced) for g in shaper.gens]
         return JSONResponse(shaper.completion())

@@ -16,6 +16,10 @@ each choice's last token chunk carrying its finish reason, then the usage chunk
 * An error vLLM's engine raises only after the stream started (``job.engine_error``) is
   sent as ``data: {"error": ...}`` followed by ``[DONE]``.
 
+Weight versions are read as each token is generated (``PolicyEngine.at_token``): after a
+``keep`` pause with an update, the rest of every choice comes from the new weights, and
+the terminal chunk's ``weight_versions`` has one span per label.
+
 Guarantees: for a completed stream, the concatenated ``token_ids`` and log-probs of a
 choice equal the non-streaming ones of the same request (one generation feeds both).
 """
@@ -44,12 +48,17 @@ class _Choice:
         self.shaper, self.index, self.gen = shaper, index, gen
         self.parser = OutputParser(shaper.tok, tools_enabled=job.tools_enabled, tool_choice=job.tool_choice,
                                    forced=job.forced and job.params.forced_json)
-        # stop strings: vLLM truncates the streamed text exactly like the full message
-        content = shaper.parsed(gen).content if isinstance(gen.stop_reason, str) else None
-        self.budget = len(content or "") if content is not None else None
+        self.rebase(gen)
         self.sent_content = 0
         self.tools_streamed = False
         self.done = False
+
+    def rebase(self, gen: Generation) -> None:
+        """Continue with ``gen``: the same tokens as far as streamed (``PolicyEngine.at_token``)."""
+        self.gen = gen
+        # stop strings: vLLM truncates the streamed text exactly like the full message
+        content = self.shaper.parsed(gen).content if isinstance(gen.stop_reason, str) else None
+        self.budget = len(content or "") if content is not None else None
 
     def chunk(self, i: int) -> str | None:
         """The chunk for token ``i`` (None: vLLM sends nothing for it)."""
@@ -101,17 +110,23 @@ async def stream_chat(shaper: ResponseShaper, flight: Flight, settings: PolicySe
         yield shaper.first_chunk(i)
     choices = [_Choice(shaper, i, gen) for i, gen in enumerate(shaper.gens)]
     stall = "stall" in job.faults
-    sent = produced = 0
-    for t in range(max(len(g.token_ids) for g in shaper.gens)):
+    sent = produced = t = 0
+    while t < max(len(g.token_ids) for g in shaper.gens):
         if not admitted or not await flight.step(settings.decode_ms_per_token):
             break
+        gens = shaper.engine.at_token(job, shaper.gens, t)
+        if gens is not shaper.gens:  # the weight version changed: the rest comes from the new weights
+            shaper.gens = gens
+            for choice, gen in zip(choices, gens):
+                if gen is not choice.gen:
+                    choice.rebase(gen)
         for choice in choices:
             if t < len(choice.gen.token_ids):
                 piece = choice.chunk(t)
                 if piece is not None:
                     yield piece
                     sent += 1
-        produced = t + 1
+        produced = t = t + 1
         if stall and sent >= settings.stall_after_chunks:
             if await flight.hang(settings.stall_seconds):
                 break  # aborted while stalled
