@@ -30,6 +30,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -51,15 +52,20 @@ from producers.lineage_index import LineageIndex, Resolution
 from producers.metrics import InterceptorMetrics
 from producers.prefix_supply import ends_with_stop
 from producers.settings import InterceptorSettings
+from producers.version_clock import CallVersions, VersionClock
 from schemas.codec import encode_event
 from schemas.errors import DurabilityError
 from schemas.hashing import compute_digest, conversation_prefix_digests
-from schemas.records import CallCaptured, CallStarted, IncompleteReason, ParentResolution, RolloutEvent
+from schemas.policy_versions import UNNAMED_VERSION, bracket_spans, engine_spans, observed_spans, part_spans, versions_of
+from schemas.records import CallCaptured, CallStarted, IncompleteReason, ParentResolution, RolloutEvent, VersionSource
 from schemas.topics import key_for
 
-__all__ = ["UNNAMED_WEIGHT_VERSION", "Call", "CaptureCore", "Outcome"]
+__all__ = ["Call", "CaptureCore", "Outcome"]
 
 log = logging.getLogger("tokentrail.interceptor")
+
+
+_ABORTED_MEMORY = 65_536  # aborted calls remembered for their retry (a sync aborts every call in flight)
 
 
 class Outcome(enum.Enum):
@@ -70,10 +76,6 @@ class Outcome(enum.Enum):
     UNTRANSLATABLE = "untranslatable"
     PREFIX_FAILED = "prefix_failed"
     NOT_DURABLE = "not_durable"
-
-
-# vLLM's engine label of weights no trainer has named (vllm/v1/engine/core.py): not a version.
-UNNAMED_WEIGHT_VERSION = "default"
 
 
 @dataclass(slots=True)
@@ -90,6 +92,14 @@ class Call:
     started: float = 0.0
     answer: Any = None  # what ``complete``'s ``prepare`` built for the harness
     failure: str = ""  # the recorded detail when the call was not captured
+    versions: CallVersions | None = None  # the announced version at dispatch, mid-stream, at completion
+    continued: int = 0  # parts joined after engine aborts (abort_policy "continue")
+    retry_of: str = ""  # the aborted call of this rollout this one repeats
+
+    def part_ended(self, label: str | None, generated: int) -> None:
+        """A part of a continued call ended (aborted) after ``generated`` tokens in all, ``label`` current."""
+        if self.versions is not None:
+            self.versions.part_ends.append((generated, label))
 
     @property
     def response_id(self) -> str:
@@ -97,7 +107,7 @@ class Call:
 
 
 class CaptureCore:
-    """Decides and writes each call's one record; ``admin_policy_version`` is set by the admin route."""
+    """Decides and writes each call's one record; ``clock`` is the announced policy version (topic, admin route)."""
 
     def __init__(self, settings: InterceptorSettings, writer: DurableWriter, index: LineageIndex,
                  metrics: InterceptorMetrics, source: str, catalog: EngineCatalog | None = None) -> None:
@@ -106,7 +116,10 @@ class CaptureCore:
         self.index = index
         self.metrics = metrics
         self.source = source
-        self.admin_policy_version: str | None = None
+        self.clock = VersionClock()
+        # Calls the engine aborted, by (rollout, request conversation digest): a later call with the
+        # same request is their retry (CallFacts.retry_of). Bounded: the oldest are forgotten.
+        self._aborted: OrderedDict[tuple[str, str], str] = OrderedDict()
         self.catalog = catalog if catalog is not None else EngineCatalog()
 
     # -- before dispatch ------------------------------------------------------------
@@ -128,6 +141,7 @@ class CaptureCore:
         digests = conversation_prefix_digests(ctx.items)
         resolution = self.index.resolve(rollout_id, ctx.items, ctx.request_fingerprint)
         call = Call(ctx, resolution, digests, spec, body=upstream, started=started)
+        call.retry_of = self._aborted.pop((rollout_id, digests[-1]), "") if digests else ""
         parent = resolution.parent
         call.prefix_requested = bool(self.settings.prefix_supply and parent is not None
                                      and parent.cum_tokens is not None)
@@ -145,6 +159,9 @@ class CaptureCore:
         return True
 
     def upstream_body(self, call: Call) -> dict[str, Any]:
+        """What the engine gets; called once, right before dispatch (the call's dispatch version is read here)."""
+        if call.versions is None:
+            call.versions = self.clock.start_call()
         out = dict(call.body)
         out["return_token_ids"] = True
         out["logprobs"] = True
@@ -204,6 +221,10 @@ class CaptureCore:
         choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
         finish = choice.get("finish_reason")
         if finish == "abort":
+            if call.context_digests:
+                self._aborted[(ctx.rollout_id, call.context_digests[-1])] = ctx.model_call_id
+                while len(self._aborted) > _ABORTED_MEMORY:
+                    self._aborted.popitem(last=False)
             return await self._incomplete_outcome(
                 call, IncompleteReason.ABORTED, "the engine aborted the generation (vLLM finish_reason 'abort': "
                 "paused for a weight sync, or /abort_requests); the harness was told to retry", Outcome.ABORTED)
@@ -237,11 +258,14 @@ class CaptureCore:
             prefix_supplied = True
         message = choice.get("message") or {}
         items, carrier = chat_output_items(message)
-        version, source = self.policy_version_of(data)
+        try:
+            versions = self.version_facts(call, choice, len(tokens.generation_token_ids))
+        except ValueError as exc:
+            return await self._incomplete_outcome(call, IncompleteReason.PARTIAL_TOKEN_METADATA,
+                                                  f"the engine's weight_versions cannot be used: {exc}")
         captured = captured_call(
             ctx, tokens, items, carrier, served_model=str(data.get("model") or ""), response_id=call.response_id,
-            policy_version=version, policy_version_source=source, context_digest=call.context_digests[-1],
-            finish_reason=str(finish or ""),
+            context_digest=call.context_digests[-1], finish_reason=str(finish or ""), **versions,
         )
         captured = self._with_lineage(call, captured, tokens.prompt_token_ids, prefix_supplied)
         try:
@@ -321,22 +345,39 @@ class CaptureCore:
         if where == "spool":
             self.metrics.spooled.inc()
 
-    def policy_version_of(self, data: dict[str, Any]) -> tuple[str | None, str]:
-        """The engine's weight version when it names one, else the one the trainer set via the admin route.
+    def version_facts(self, call: Call, choice: dict[str, Any], generated: int) -> dict[str, Any]:
+        """The call's policy-version facts: per-token spans, where they come from, dispatch and completion.
 
-        vLLM labels every span "default" until a trainer names the weights, so spans that are
-        all "default" name no version. Several versions mean the weights changed during the
-        generation: all are kept, in order ("default" included, as the unnamed first weights).
+        The engine's own spans win when they name a version (vLLM labels every span "default"
+        until a trainer names the weights: then they name none); else a stream's observed
+        marks; else the bracket of dispatch and completion. ValueError: the engine's spans do
+        not cover the generation.
         """
-        for choice in data.get("choices") or ():
-            spans = choice.get("weight_versions") if isinstance(choice, dict) else None
-            if spans:
-                versions = list(dict.fromkeys(str(s.get("version")) for s in spans if isinstance(s, dict)))
-                if versions and versions != [UNNAMED_WEIGHT_VERSION]:
-                    return ",".join(versions), "engine"
-        if self.admin_policy_version is not None:
-            return self.admin_policy_version, "admin"
-        return None, ""
+        cv = call.versions if call.versions is not None else self.clock.start_call()
+        cv.completion = self.clock.label
+        raw = choice.get("weight_versions")
+        spans, source = [], VersionSource.NONE
+        if raw is not None:
+            reported = engine_spans(raw, generated)
+            if versions_of(reported) != [UNNAMED_VERSION]:
+                spans, source = reported, VersionSource.ENGINE
+        if not spans and call.ctx.facts.streamed:
+            spans, source = observed_spans(cv.marks, generated), VersionSource.OBSERVED
+        if not spans and cv.part_ends:
+            spans, source = part_spans(cv.dispatch, cv.part_ends, cv.completion, generated), VersionSource.BRACKET
+        if not spans:
+            spans, source = bracket_spans(cv.dispatch, cv.completion, generated), VersionSource.BRACKET
+        if not spans:
+            source = VersionSource.NONE
+        named = [v for v in versions_of(spans) if v]
+        if source is VersionSource.ENGINE:
+            label_source = "engine"
+        else:
+            label_source = self.clock.origin if named else ""
+        return {"version_spans": spans, "version_spans_source": str(source), "dispatch_version": cv.dispatch,
+                "continued": call.continued, "retry_of": call.retry_of,
+                "completion_version": cv.completion,
+                "policy_version": ",".join(named) if named else None, "policy_version_source": label_source}
 
 
 def _replace(record: Any, updates: dict[str, Any]) -> Any:

@@ -30,6 +30,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix-supply", action="store_true",
                         help="send the verified parent's exact ids as kv_transfer_params.prompt_token_ids "
                              "(checked at startup: the engine must render chat requests and honour them)")
+    parser.add_argument("--abort-policy", choices=("mask", "continue"), default="mask",
+                        help="a generation the engine aborts for a weight update: mask (record it aborted, the "
+                             "harness retries) or continue (resubmit prompt + partial generation as prompt ids "
+                             "and answer once, token-exact)")
     parser.add_argument("--logprobs-mode", default="raw_logprobs",
                         help="what the engine's logprobs mean, as vLLM was started (--logprobs-mode): "
                              "raw_logprobs (default) or processed_logprobs; recorded on every call")
@@ -84,6 +88,7 @@ def main(args: argparse.Namespace) -> int:
             upstream_model=args.upstream_model,
             spool_dir=args.spool_dir,
             prefix_supply=args.prefix_supply,
+            abort_policy=args.abort_policy,
             delta_records=not args.no_delta_records,
             publish_timeout_ms=args.publish_timeout_ms,
             engine_timeout_s=args.engine_timeout_s,

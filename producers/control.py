@@ -5,8 +5,9 @@ Guarantees: every control route needs ``Authorization: Bearer <TOKENTRAIL_CONTRO
 ``POST /rollouts/<id>/finish`` answers only after RolloutFinished is durable (503
 otherwise) and then drops the rollout from the lineage index (a finished rollout is
 not continued); a body the event cannot carry is a 400 naming the field
-(``producers.finish``). ``POST /tokentrail/admin/policy-version`` sets the version
-recorded on calls whose engine names none.
+(``producers.finish``). ``POST /tokentrail/admin/policy-version`` makes a version current at
+once (``producers.version_clock``), for trainers that cannot reach the versions topic; calls whose
+engine names no version record it (dispatch, completion, and where a stream saw it change).
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ async def handle_control(svc: CaptureServices, request: Request, path: str, raw_
                                        f"{MAX_POLICY_VERSION_CHARS} characters, or null, got {json_type(version)}"
                                        f"{'' if isinstance(version, (dict, list)) else ' ' + repr(version)[:80]}",
                                   "invalid_request_error")
-        svc.core.admin_policy_version = None if version is None else str(version)
-        return json_response({"policy_version": svc.core.admin_policy_version})
+        svc.core.clock.set_admin(None if version is None else str(version))
+        return json_response({"policy_version": svc.core.clock.label})
     return error_response(404, f"no control route {request.method} {path!r}", "not_found")
 
 

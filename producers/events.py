@@ -140,18 +140,22 @@ def captured_call(
     *,
     served_model: str,
     response_id: str,
-    policy_version: str | None,
-    policy_version_source: str,
+    policy_version: str | None = None,
+    policy_version_source: str = "",
     context_digest: str | None = None,
     finish_reason: str = "",
+    **version_facts: Any,
 ) -> CallCaptured:
-    """The CallCaptured of a served call (full prompt; the processor resolves and verifies the parent)."""
+    """The CallCaptured of a served call (full prompt; the processor resolves and verifies the parent).
+
+    ``version_facts``: the ``CallFacts`` version fields (``CaptureCore.version_facts``).
+    """
     full = tokens.prompt_token_ids + tokens.generation_token_ids
     root = not ctx.request_fingerprint
     facts = ctx.facts
     facts = CallFacts(
         **{**_facts_dict(facts), "served_model": served_model, "response_id": response_id,
-           "policy_version": policy_version, "policy_version_source": policy_version_source}
+           "policy_version": policy_version, "policy_version_source": policy_version_source, **version_facts}
     )
     return CallCaptured(
         model_call_id=ctx.model_call_id,

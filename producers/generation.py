@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
 import orjson
 from starlette.responses import Response
 
-from producers import prefix_supply
+from producers import continuation, prefix_supply
 from producers.capture import Call, Outcome
 from producers.dialects.common import json_type
 from producers.engine_call import SERVED, Deadlines, EngineFailure, auth_of, record_failure, refusal, send_chat
@@ -146,6 +146,10 @@ async def _complete(svc: CaptureServices, call: Call, adapter: DialectAdapter, p
             if not isinstance(got, EngineFailure):
                 upstream = got  # closed below, however this ends
                 got = await _read_answer(upstream, deadlines)
+            if not isinstance(got, EngineFailure):
+                got = _answer_json(got)
+            if not isinstance(got, EngineFailure) and svc.settings.abort_policy == "continue":
+                got = await _continued(svc, call, upstream_body, headers, deadlines, got)
     except asyncio.CancelledError:
         if not watch.left:
             raise  # not the client's doing (shutdown)
@@ -158,15 +162,8 @@ async def _complete(svc: CaptureServices, call: Call, adapter: DialectAdapter, p
         return await _client_left(svc, call, adapter)
     if isinstance(got, EngineFailure):
         return await record_failure(svc, call, adapter, got)
-    content = got
+    data = got
     engine_s = time.perf_counter() - sent
-    try:
-        data = orjson.loads(content)
-        if not isinstance(data, dict):
-            raise ValueError(f"a JSON {type(data).__name__}, not an object")
-    except ValueError as exc:
-        return await record_failure(svc, call, adapter, EngineFailure(
-            IncompleteReason.UPSTREAM_ERROR, f"model server answered with invalid JSON: {exc}"))
     outcome = await svc.core.complete(call, data, prepare=lambda: adapter.render(data, call.response_id, parsed))
     if outcome is Outcome.NOT_DURABLE:
         return durability_error(adapter.error)
@@ -178,6 +175,56 @@ async def _complete(svc: CaptureServices, call: Call, adapter: DialectAdapter, p
     svc.metrics.overhead_seconds.observe(ours)
     response.headers["server-timing"] = f"engine;dur={engine_s * 1000:.3f}, tokentrail;dur={ours * 1000:.3f}"
     return response
+
+
+def _answer_json(content: bytes) -> dict[str, Any] | EngineFailure:
+    try:
+        data = orjson.loads(content)
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not an object")
+    except ValueError as exc:
+        return EngineFailure(IncompleteReason.UPSTREAM_ERROR, f"model server answered with invalid JSON: {exc}")
+    return data
+
+
+async def _continued(svc: CaptureServices, call: Call, body: dict[str, Any], headers: dict[str, str],
+                     deadlines: Deadlines, data: dict[str, Any]) -> dict[str, Any] | EngineFailure:
+    """``data``, or, while the engine aborted it, the answer joined with its continuation
+    (``producers.continuation``); a part that cannot be continued is returned as it is (aborted)."""
+    while _finish(data) == "abort" and call.continued < svc.settings.max_continuations:
+        part = continuation.part_of(data)
+        if part is None:
+            return data  # no tokens to continue from: recorded as aborted
+        prompt, generated, choice = part
+        call.part_ended(svc.core.clock.label, len(generated))
+        nxt = continuation.continuation_body(body, prompt, generated, choice.get("message"),
+                                             choice.get("routed_experts"))
+        if isinstance(nxt, str):
+            log.info("call %s not continued after an abort: %s", call.ctx.model_call_id, nxt)
+            return data
+        upstream = await send_chat(svc, call, nxt, headers, deadlines, stream=False)
+        if isinstance(upstream, EngineFailure):
+            return upstream
+        try:
+            content = await _read_answer(upstream, deadlines)
+        finally:
+            await upstream.aclose()
+        if isinstance(content, EngineFailure):
+            return content
+        second = _answer_json(content)
+        if isinstance(second, EngineFailure):
+            return second
+        wrong = continuation.check_prompt(second.get("prompt_token_ids"), nxt["kv_transfer_params"]["prompt_token_ids"])
+        if wrong:
+            return EngineFailure(IncompleteReason.PREFIX_NOT_APPLIED, f"continuation {call.continued + 1}: {wrong}")
+        data = continuation.join_answers(data, second)
+        call.continued += 1
+    return data
+
+
+def _finish(data: dict[str, Any]) -> Any:
+    choices = data.get("choices")
+    return choices[0].get("finish_reason") if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
 
 
 async def _read_answer(upstream: Any, deadlines: Deadlines) -> bytes | EngineFailure:

@@ -57,6 +57,7 @@ ENV_SETTINGS: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("TOKENTRAIL_MAX_BODY_BYTES", "max_body_bytes", int),  # request body limit (413 above it)
     ("TOKENTRAIL_ENGINE_TIMEOUT_S", "engine_timeout_s", float),  # seconds, > 0
     ("TOKENTRAIL_STREAM_IDLE_TIMEOUT_S", "stream_idle_timeout_s", float),  # seconds, > 0
+    ("TOKENTRAIL_ABORT_POLICY", "abort_policy", str),  # mask or continue
 )
 _ENV_OF = {field: name for name, field, _ in ENV_SETTINGS}
 

@@ -61,10 +61,16 @@ def ineligible(chat_body: dict[str, Any]) -> str:
     messages = chat_body.get("messages")
     if not isinstance(messages, list) or last_assistant_index(messages) is None:
         return "no_assistant_turn"
-    if chat_body.get("continue_final_message") or chat_body.get("echo"):
-        # A prefill continues the last message, and vLLM renders (ignores the ids) under echo.
-        return "continues_final_message" if chat_body.get("continue_final_message") else "echo"
-    for message in messages:
+    if chat_body.get("continue_final_message"):
+        return "continues_final_message"  # a prefill continues the last message: no parent turn to splice
+    return ids_refused(chat_body)
+
+
+def ids_refused(chat_body: dict[str, Any]) -> str:
+    """Why vLLM would ignore ``kv_transfer_params.prompt_token_ids`` on this request ("" when it takes them)."""
+    if chat_body.get("echo"):
+        return "echo"  # vLLM renders (ignores the ids) under echo
+    for message in chat_body.get("messages") or ():
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list) and any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
             return "non_text_content"  # vLLM renders media itself and ignores supplied ids

@@ -7,7 +7,7 @@ disables capture). Secrets come from the environment, never from flags.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator
 
@@ -81,6 +81,15 @@ class InterceptorSettings(BaseModel):
         False, description="Forward routes the route table does not list, on bare paths only (a trusted engine); "
                            "under /ng-rollout/ the table always holds (producers.route_policy)"
     )
+    abort_policy: Literal["mask", "continue"] = Field(
+        "mask", description="A generation the engine aborts (paused for a weight update, /pause?mode=abort): "
+                            "'mask' records it aborted and tells the harness to retry (the rollout masks "
+                            "aborted_by_update unless the retry is captured); 'continue' resubmits the prompt plus "
+                            "the partial generation as prompt ids once the engine takes requests again and "
+                            "answers the harness once, token-exact (producers.continuation)"
+    )
+    max_continuations: int = Field(8, ge=1, description="Aborts one call may be continued across (abort_policy "
+                                                        "continue); one more aborts it as under 'mask'")
     index_max_rollouts: int = 65_536
     index_max_tokens: int = Field(16_000_000, description="Token budget of the lineage index (prefix supply only)")
 

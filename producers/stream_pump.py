@@ -33,9 +33,11 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from producers import continuation
 from producers.capture import Call
 from producers.engine_call import SERVED, Deadlines, EngineFailure, StreamWatch, record_failure, refusal, send_chat
 from producers.streaming import ChatStreamAccumulator
+from producers.version_clock import VersionClock
 from schemas.records import IncompleteReason
 
 if TYPE_CHECKING:
@@ -129,12 +131,25 @@ async def stream_call(svc: CaptureServices, call: Call, adapter: DialectAdapter,
     if isinstance(upstream, EngineFailure):
         return await record_failure(svc, call, adapter, upstream)
     link = ClientLink()
-    link.pump = asyncio.get_running_loop().create_task(_pump(svc, call, adapter, parsed, upstream, link, deadlines))
+    link.pump = asyncio.get_running_loop().create_task(
+        _pump(svc, call, adapter, parsed, _Engine(upstream, upstream_body, headers), link, deadlines))
     svc.tasks.track(link.pump)
     return ClientStream(link)
 
 
-async def _pump(svc: CaptureServices, call: Call, adapter: DialectAdapter, parsed: Any, upstream: Any,
+class _Engine:
+    """The engine side of one streamed call: its current response (a continued call opens several)."""
+
+    __slots__ = ("response", "body", "headers")
+
+    def __init__(self, response: Any, body: dict[str, Any], headers: dict[str, str]) -> None:
+        self.response, self.body, self.headers = response, body, headers
+
+    async def aclose(self) -> None:
+        await self.response.aclose()
+
+
+async def _pump(svc: CaptureServices, call: Call, adapter: DialectAdapter, parsed: Any, upstream: _Engine,
                 link: ClientLink, deadlines: Deadlines) -> None:
     """Read the engine's stream to its end, forward it translated, then write the call's one record."""
     acc = ChatStreamAccumulator()
@@ -146,8 +161,16 @@ async def _pump(svc: CaptureServices, call: Call, adapter: DialectAdapter, parse
         # Cancellable here, and only here: by the watch (the engine went silent) and by
         # ClientLink.closed() (the client left).
         try:
-            broke = await _relay(upstream, acc, out, link, watch)
+            relay_abort = svc.settings.abort_policy == "continue"
+            broke = await _relay(upstream.response, acc, out, link, watch, call, core.clock, relay_abort=relay_abort)
             watch.stop()
+            while broke is None and acc.finish_reason == "abort" and svc.settings.abort_policy == "continue" \
+                    and call.continued < svc.settings.max_continuations:
+                watch = StreamWatch(deadlines)
+                broke, went_on = await _continue(svc, call, upstream, acc, out, link, watch, deadlines)
+                watch.stop()
+                if not went_on:
+                    break
             if broke is None and not acc.finished:
                 broke = (IncompleteReason.STREAM_INTERRUPTED,
                          f"engine stream ended without a finish_reason after {acc.chunks} chunks")
@@ -198,6 +221,33 @@ async def _pump(svc: CaptureServices, call: Call, adapter: DialectAdapter, parse
         link.end()
 
 
+async def _continue(svc: CaptureServices, call: Call, upstream: _Engine, acc: ChatStreamAccumulator,
+                    out: StreamAdapter, link: ClientLink, watch: StreamWatch,
+                    deadlines: Deadlines) -> tuple[tuple[str, str] | None, bool]:
+    """Continue an aborted stream with the next part (``producers.continuation``), relayed on the same
+    client stream. (broke, went on): not going on leaves the abort for the core to record."""
+    message = {"tool_calls": list(acc.tool_calls.values())} if acc.tool_calls else None
+    body = continuation.continuation_body(upstream.body, list(acc.prompt_token_ids or []), list(acc.token_ids or []),
+                                          message, None)
+    if isinstance(body, str) or acc.prompt_token_ids is None or acc.token_ids is None:
+        log.info("streamed call %s not continued after an abort: %s", call.ctx.model_call_id,
+                 body if isinstance(body, str) else "the aborted part carried no token ids")
+        return None, False
+    call.part_ended(svc.core.clock.label, len(acc.token_ids))
+    await upstream.aclose()
+    got = await send_chat(svc, call, body, upstream.headers, deadlines, stream=True)
+    if isinstance(got, EngineFailure):
+        return (got.reason, f"continuation {call.continued + 1}: {got.detail}"), True
+    upstream.response = got
+    acc.begin_part()
+    call.continued += 1
+    broke = await _relay(got, acc, out, link, watch, call, svc.core.clock, continued=True,
+                         relay_abort=call.continued < svc.settings.max_continuations)
+    if broke is None and acc.part_prompt_error:
+        broke = IncompleteReason.PREFIX_NOT_APPLIED, f"continuation {call.continued}: {acc.part_prompt_error}"
+    return broke, True
+
+
 def _uncancel() -> None:
     # The cancellation was ours (the client left, or the engine went silent) and is handled: later
     # timeouts (the publisher's) must work as usual.
@@ -211,8 +261,13 @@ def _tokens(acc: ChatStreamAccumulator) -> int:
 
 
 async def _relay(upstream: Any, acc: ChatStreamAccumulator, out: StreamAdapter, link: ClientLink,
-                 watch: StreamWatch) -> tuple[str, str] | None:
-    """Forward the engine's chunks as they come; (reason, detail) when the stream cannot be completed."""
+                 watch: StreamWatch, call: Call, clock: VersionClock, *,
+                 continued: bool = False, relay_abort: bool = False) -> tuple[str, str] | None:
+    """Forward the engine's chunks as they come; (reason, detail) when the stream cannot be completed.
+
+    Each chunk that carries tokens is stamped with the announced version (``producers.version_clock``).
+    """
+    versions = call.versions
     lines = upstream.aiter_lines()
     while True:
         try:
@@ -235,12 +290,23 @@ async def _relay(upstream: Any, acc: ChatStreamAccumulator, out: StreamAdapter, 
             return IncompleteReason.STREAM_INTERRUPTED, f"engine chunk {acc.chunks + 1} is not a JSON object"
         if "error" in chunk and "choices" not in chunk:
             return IncompleteReason.UPSTREAM_ERROR, f"engine error after {acc.chunks} chunks: {chunk['error']}"
+        if continued:
+            _drop_role(chunk)  # the harness's stream already opened its message
+        before = len(acc.token_ids) if acc.token_ids else 0
         try:  # the one chunk reader (producers.dialects.chat_chunks) refuses what no dialect can express
             acc.feed(chunk)
         except ValueError as exc:
             return (IncompleteReason.UNTRANSLATABLE_OUTPUT,
                     f"engine chunk {acc.chunks + 1} cannot be expressed in the client's dialect: {exc}")
-        if acc.finish_reason in _ENGINE_ENDED:
+        if versions is not None and acc.token_ids is not None and len(acc.token_ids) > before:
+            versions.observe(clock.label, before)  # this chunk's tokens reached us under the current version
+        part_ended = acc.finish_reason == "abort" and relay_abort
+        if part_ended:  # to be continued: the harness gets this part's last tokens, never its finish
+            for choice in chunk.get("choices") or ():
+                if isinstance(choice, dict):
+                    choice["finish_reason"] = None
+                    choice.pop("stop_reason", None)
+        elif acc.finish_reason in _ENGINE_ENDED:
             return None  # the core records it; the harness gets an error event, not this chunk
         try:
             piece = out.feed(chunk)
@@ -249,3 +315,12 @@ async def _relay(upstream: Any, acc: ChatStreamAccumulator, out: StreamAdapter, 
                     f"engine chunk {acc.chunks} cannot be expressed in the client's dialect: {exc}")
         if piece:
             link.put(piece, _tokens(acc))
+        if part_ended:
+            return None
+
+
+def _drop_role(chunk: dict[str, Any]) -> None:
+    for choice in chunk.get("choices") or ():
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        if isinstance(delta, dict):
+            delta.pop("role", None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from producers.continuation import check_prompt, join_weight_versions
 from producers.dialects.chat_chunks import read_chunk
 
 __all__ = ["ChatStreamAccumulator"]
@@ -31,6 +32,12 @@ class ChatStreamAccumulator:
         self.model = ""
         self.weight_versions: Any = None
         self.chunks = 0
+        # A continued call (producers.continuation): parts after the first must report this prompt.
+        self.parts = 1
+        self.expected_prompt: list[int] | None = None
+        self.part_prompt_error = ""
+        self._prior_versions: Any = None
+        self._prior_completion = 0
 
     def feed(self, chunk: dict[str, Any]) -> None:
         """Fold one engine chunk in; DialectError (a ValueError) for a chunk ``read_chunk`` refuses."""
@@ -38,9 +45,17 @@ class ChatStreamAccumulator:
         self.chunks += 1
         self.model = c.model or self.model
         if c.prompt_token_ids is not None:
-            self.prompt_token_ids = list(c.prompt_token_ids)
+            if self.expected_prompt is None:
+                self.prompt_token_ids = list(c.prompt_token_ids)
+            elif not self.part_prompt_error:
+                self.part_prompt_error = check_prompt(list(c.prompt_token_ids), self.expected_prompt)
         if c.usage is not None:
             self.usage = c.usage
+            if self._prior_completion and isinstance(c.usage.get("completion_tokens"), int):
+                done = c.usage["completion_tokens"] + self._prior_completion
+                prompt = len(self.prompt_token_ids) if self.prompt_token_ids is not None else None
+                self.usage = {**c.usage, "completion_tokens": done, "prompt_tokens": prompt,
+                              "total_tokens": (prompt or 0) + done}
         if not c.has_choice:
             return
         if c.token_ids is not None:
@@ -64,7 +79,24 @@ class ChatStreamAccumulator:
             self.finish_reason = c.finish_reason
             self.stop_reason = c.stop_reason
         if c.weight_versions is not None:
-            self.weight_versions = c.weight_versions
+            if self.parts == 1:
+                self.weight_versions = c.weight_versions
+            else:
+                offset = self._prior_completion
+                self.weight_versions = join_weight_versions(self._prior_versions, c.weight_versions, offset)
+
+    def begin_part(self) -> list[int]:
+        """An aborted part ended; the next part continues it. Returns the prompt the next part must report."""
+        expected = list(self.prompt_token_ids or []) + list(self.token_ids or [])
+        self.parts += 1
+        self.expected_prompt = expected
+        self.part_prompt_error = ""
+        self._prior_versions = self.weight_versions
+        self._prior_completion = len(self.token_ids or [])
+        self.weight_versions = None
+        self.finish_reason = None
+        self.stop_reason = None
+        return expected
 
     @property
     def finished(self) -> bool:

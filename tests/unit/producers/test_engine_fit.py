@@ -185,7 +185,7 @@ async def test_upstream_api_key_replaces_the_harness_credential(over_engine):
 async def test_vllms_default_weight_label_is_no_version(over_engine, publisher, label, admin, expected):
     engine = FakeVLLM(weight_version=label)
     http, app = await over_engine(engine)
-    app.core.admin_policy_version = admin
+    app.core.clock.set_admin(admin)
     await http.post(CHAT.format(rid="wv"), json={"model": "x", "messages": HELLO})
     facts = captured(publisher)[0].facts
     assert (facts.policy_version, facts.policy_version_source) == expected

@@ -1,0 +1,73 @@
+"""The policy version the interceptor knows the engine serves now, and each call's view of it.
+
+``VersionClock`` holds the newest announcement: from the ``tokentrail.policy-versions`` topic
+(``announce``, fed by ``schemas.kafka.versions.VersionFollower``) or from the admin route
+(``set_admin``, for setups where the trainer cannot reach Kafka). It is read once at dispatch,
+once per streamed chunk that carries tokens (an attribute read), and once at completion.
+
+``CallVersions`` is one call's record of it: the version at dispatch, ``(version, tokens
+before)`` marks where a stream saw the version change, and the version at completion. What a
+mark means (``observed`` spans, ``schemas.policy_versions.observed_spans``): the tokens that
+reached the interceptor after it learned of an update are attributed to the new version. That
+is exact when the update is announced while the engine is paused (``/pause?mode=keep``) and
+before it resumes: every token generated before the pause reached the interceptor before the
+announcement (the trainer's ``weight_sync`` waits for that), none generated after the resume
+could come before it. An engine that reports its own spans (vLLM 0.33 ``return_weight_versions``)
+is always preferred.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schemas.policy_versions import PolicyVersion, VersionBook
+
+__all__ = ["CallVersions", "VersionClock"]
+
+
+class VersionClock:
+    """The current announced version (``label``; None: none yet) and where it came from (``origin``)."""
+
+    __slots__ = ("book", "label", "origin")
+
+    def __init__(self) -> None:
+        self.book = VersionBook()
+        self.label: str | None = None
+        self.origin = ""  # "announced" (the topic) or "admin" (the admin route)
+
+    def announce(self, announcement: PolicyVersion) -> None:
+        """Fold an announcement from the versions topic in (older steps never move the clock back)."""
+        self.book.apply(announcement)
+        current = self.book.current_label
+        if current != self.label or self.origin != "announced":
+            self.label, self.origin = current, "announced"
+
+    def set_admin(self, label: str | None) -> None:
+        """The admin route's label (None clears it): it becomes current at once, the next step up."""
+        if label is None:
+            self.label, self.origin = self.book.current_label, "announced" if self.book.current else ""
+            return
+        step = self.book.step_of(label)
+        if step is None:
+            step = (self.book.current.step + 1) if self.book.current is not None else (
+                int(label) if label.isascii() and label.isdigit() and len(label) < 10 else 1)
+        self.book.apply(PolicyVersion(label=label, step=step))
+        self.label, self.origin = label, "admin"
+
+    def start_call(self) -> CallVersions:
+        return CallVersions(dispatch=self.label, marks=[(self.label, 0)])
+
+
+@dataclass(slots=True)
+class CallVersions:
+    """One call's view of the clock: at dispatch, where a stream saw it change, at completion."""
+
+    dispatch: str | None
+    marks: list[tuple[str | None, int]] = field(default_factory=list)
+    completion: str | None = None
+    part_ends: list[tuple[int, str | None]] = field(default_factory=list)  # continued: (tokens so far, version)
+
+    def observe(self, label: str | None, tokens_before: int) -> None:
+        """A chunk arrived while ``label`` was current; ``tokens_before`` tokens came before it."""
+        if label != self.marks[-1][0]:
+            self.marks.append((label, tokens_before))
