@@ -133,11 +133,22 @@ def _rebuild(snapshot: Snapshot, rules: RebuildRules, reasons: list[MaskReason])
 
 def _snapshot_reasons(snapshot: Snapshot, rules: RebuildRules) -> list[MaskReason]:
     reasons = []
-    if snapshot.incomplete:
-        counts = Counter(m.reason for m in snapshot.incomplete_markers)
+    # An aborted generation (a weight-update pause) whose retry was captured is explained: the
+    # retry (CallFacts.retry_of) is the call's evidence. One nothing retried masks on its own code.
+    retried = {sc.call.facts.retry_of for sc in snapshot.calls if sc.call.facts.retry_of}
+    aborted = [m for m in snapshot.incomplete_markers if m.reason == IncompleteReason.ABORTED]
+    unexplained = [m for m in aborted if m.model_call_id not in retried]
+    if unexplained:
+        ids = sorted({m.model_call_id for m in unexplained if m.model_call_id})
+        reasons.append(MaskReason(code=MaskCode.ABORTED_BY_UPDATE, call_ids=ids, detail=(
+            f"{len(unexplained)} call(s) aborted by the engine (paused for a weight update) and never retried; "
+            "serve with --abort-policy continue to continue them, or let the harness retry")))
+    others = [m for m in snapshot.incomplete_markers if m.reason != IncompleteReason.ABORTED]
+    if others:
+        counts = Counter(m.reason for m in others)
         detail = ", ".join(_why(snapshot, reason, f"{reason} x{n}" if n > 1 else reason)
                            for reason, n in sorted(counts.items()))
-        ids = sorted({m.model_call_id for m in snapshot.incomplete_markers if m.model_call_id})
+        ids = sorted({m.model_call_id for m in others if m.model_call_id})
         reasons.append(MaskReason(code=MaskCode.CAPTURE_INCOMPLETE, detail=detail, call_ids=ids))
     if snapshot.late_writes and rules.mask_late_writes:
         late = sorted({sc.call.model_call_id for sc in snapshot.calls if sc.late})

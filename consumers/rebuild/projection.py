@@ -4,7 +4,8 @@
 (token fields stripped), with the token arrays on its *carrier* item:
 ``prompt_token_ids`` (the whole running sequence: the first prompt, every
 earlier generation and every interstitial), ``generation_token_ids``,
-``generation_log_probs`` and ``routed_experts`` when captured. The carrier is
+``generation_log_probs``, ``routed_experts`` when captured, and
+``generation_version_spans`` (``[{version, start, end}]`` over the generation) when versions are known. The carrier is
 ``output_items[token_item_index]`` when that index is valid, else the first item
 that still carries inline ``generation_token_ids`` (legacy records), else the
 last item; a call with no items gets a synthesized assistant message.
@@ -26,7 +27,8 @@ from consumers.rebuild.links import Node
 from consumers.rebuild.trajectory import ChainError, NonFiniteValue
 from consumers.rebuild.validity import InvalidJson, NonFiniteJson, strict_loads
 
-TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs", "routed_experts")
+TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs", "routed_experts",
+                "generation_version_spans")
 _SYNTHESIZED = {"type": "message", "role": "assistant", "content": []}
 
 
@@ -57,6 +59,9 @@ def project_response_json(chain: list[Node], rollout_id: str) -> str:
                 raise error(f"call {node.call_id}: routed_experts_json is not valid JSON ({exc}); "
                             "fix the capture of routed experts (strict JSON, finite numbers only)") from None
             tail_fields += ',"routed_experts":' + _dumps(routed)
+        if node.call.facts.version_spans:  # per-token versions, over this generation
+            tail_fields += ',"generation_version_spans":' + _dumps(
+                [{"version": v.version, "start": v.start, "end": v.end} for v in node.call.facts.version_spans])
         for position, item in enumerate(items):
             if not first_item:
                 parts.append(",")

@@ -2,7 +2,8 @@
 
 The token ids once, a one-byte loss mask (1 where the policy generated the
 token), one log-prob per generated token, and per-call spans with the policy
-version each call was served under. It verifies what it delivers: the running
+version each call was served under and its generated tokens' versions as run-length
+``VersionSpan``s at trajectory positions (``CallFacts.version_spans``, shifted). It verifies what it delivers: the running
 length equals every call's ``cum_len``, spans are contiguous, and the whole
 sequence hashes to the last call's captured digest, so the concatenated deltas
 are exactly the tokens the engine saw (one hash per rollout, not per call).
@@ -14,7 +15,8 @@ from consumers.rebuild.links import Node
 from consumers.rebuild.validity import first_non_finite
 from schemas.errors import ContractError
 from schemas.hashing import compute_digest
-from schemas.records import CallSpan, MaskCode, Trajectory
+from schemas.policy_versions import shifted
+from schemas.records import CallFacts, CallSpan, MaskCode, Trajectory, VersionSpan
 
 
 class ChainError(ContractError):
@@ -68,8 +70,13 @@ def chain_trajectory(chain: list[Node]) -> Trajectory:
                 f"call {node.call_id}: rebuilt {len(token_ids)} tokens but the capture recorded "
                 f"cum_len={call.cum_len}; the chain is not contiguous"
             )
+        facts = call.facts
         spans.append(CallSpan(model_call_id=node.call_id, start=start, generation_start=generation_start,
-                              end=len(token_ids), policy_version=call.facts.policy_version))
+                              end=len(token_ids), policy_version=facts.policy_version,
+                              version_spans=call_version_spans(node.call_id, facts, len(call.generation_token_ids),
+                                                               generation_start),
+                              version_source=facts.version_spans_source if facts.version_spans else "",
+                              dispatch_version=facts.dispatch_version))
     assert_spans_contiguous(spans, len(token_ids))
     if compute_digest(token_ids) != chain[-1].call.digest:
         raise ChainError(
@@ -78,6 +85,23 @@ def chain_trajectory(chain: list[Node]) -> Trajectory:
         )
     return Trajectory(token_ids=token_ids, loss_mask=bytes(mask), log_probs=log_probs,
                       prompt_len=spans[0].generation_start, spans=spans)
+
+
+def call_version_spans(call_id: str, facts: CallFacts, generated: int, offset: int) -> list[VersionSpan]:
+    """The call's version spans placed at ``offset`` in the trajectory; ChainError unless they cover
+    its ``generated`` tokens exactly (a capture that says otherwise cannot be trusted per token)."""
+    spans = facts.version_spans
+    if not spans:
+        return []
+    at = 0
+    for s in spans:
+        if s.start != at or s.end <= s.start:
+            break
+        at = s.end
+    if at != generated or spans[0].start != 0:
+        raise ChainError(f"call {call_id}: version_spans {[(s.version, s.start, s.end) for s in spans]} do not "
+                         f"cover its {generated} generated tokens in order; fix the capture's version spans")
+    return shifted(spans, offset)
 
 
 def assert_spans_contiguous(spans: list[CallSpan], total: int) -> None:
