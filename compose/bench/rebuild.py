@@ -49,8 +49,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="also time traces mode on a tree (main + 8 sub-agents + 2 compactions) of the largest size")
 
 
-def synth_snapshot(n_calls: int, n_tokens: int, rollout_id: str = "bench") -> Any:
-    """A folded snapshot: ``n_calls`` chained calls whose final sequence is ``n_tokens`` long."""
+def synth_snapshot(n_calls: int, n_tokens: int, rollout_id: str = "bench", spans_per_call: int = 0) -> Any:
+    """A folded snapshot: ``n_calls`` chained calls whose final sequence is ``n_tokens`` long.
+
+    ``spans_per_call`` > 0: each call's generation carries that many per-token version spans
+    (a call that crossed ``spans_per_call - 1`` weight updates).
+    """
     from processors.fold import fold
     from processors.replay import MemoryState
     from schemas.hashing import compute_digest
@@ -78,7 +82,9 @@ def synth_snapshot(n_calls: int, n_tokens: int, rollout_id: str = "bench") -> An
             token_item_index=0, parent_call_id=parent.model_call_id if parent else None,
             parent_resolution=ParentResolution.RESOLVED if parent else ParentResolution.ROOT,
             parent_digest=parent.digest if parent else "", cum_len=len(full), digest=compute_digest(full),
-            facts=CallFacts(route="/v1/chat/completions", requested_model="policy", tools_present=True),
+            facts=CallFacts(route="/v1/chat/completions", requested_model="policy", tools_present=True,
+                            version_spans=_spans(i, gen, spans_per_call),
+                            version_spans_source="engine" if spans_per_call else ""),
         )
         event = RolloutEvent(event_id=f"e{i}", rollout_id=rollout_id, emitted_at=i, source="bench", body=call)
         state.apply(fold(state, event))
@@ -86,6 +92,16 @@ def synth_snapshot(n_calls: int, n_tokens: int, rollout_id: str = "bench") -> An
     done = RolloutEvent(event_id="fin", rollout_id=rollout_id, emitted_at=n_calls, source="bench",
                         body=RolloutFinished(result_json='{"reward": 1.0}'))
     return fold(state, done).snapshots[-1]
+
+
+def _spans(call: int, generated: int, k: int) -> list[Any]:
+    from schemas.records import VersionSpan
+
+    if k <= 0:
+        return []
+    bounds = [generated * j // k for j in range(k + 1)]
+    return [VersionSpan(version=f"step-{call + j}", start=bounds[j], end=bounds[j + 1])
+            for j in range(k) if bounds[j + 1] > bounds[j]]
 
 
 def _median_ms(fn, repeat: int) -> float:
@@ -138,9 +154,26 @@ def main(args: argparse.Namespace) -> int:
               f"{BUDGET_PROJECTED_MS:g} ms ({_verdict(p_ms, BUDGET_PROJECTED_MS)})")
         print(f"floor: the projection is {size / 1e6:.1f} MB of JSON; one copy of it takes {copy_ms:.2f} ms here, "
               f"so the rebuild with the projection is {p_ms / copy_ms:.1f}x one copy")
+    _versions(max(args.calls), max(args.tokens), args.repeat, compact, projected)
     if getattr(args, "tree", False):
         return _tree(max(args.calls), max(args.tokens), args.repeat)
     return 0
+
+
+def _versions(n_calls: int, n_tokens: int, repeat: int, compact: Any, projected: Any) -> None:
+    """The cost of per-token versions: every call crossing one weight update (2 spans) against none."""
+    from consumers.rebuild import rebuild
+
+    plain, spanned = synth_snapshot(n_calls, n_tokens), synth_snapshot(n_calls, n_tokens, spans_per_call=2)
+    out = rebuild(spanned, compact)
+    assert not out.mask_sample and sum(len(s.version_spans) for s in out.trajectory.spans) == 2 * n_calls
+    figures = []
+    for rules in (compact, projected):
+        base = _median_ms(lambda: rebuild(plain, rules), repeat)
+        with_spans = _median_ms(lambda: rebuild(spanned, rules), repeat)
+        figures.append(f"{base:.2f} -> {with_spans:.2f} ms ({with_spans / base:.2f}x)")
+    print(f"per-token versions, {n_calls} calls / {n_tokens} tokens, 2 spans per call: compact {figures[0]}, "
+          f"with the projection {figures[1]}")
 
 
 def _tree(n_calls: int, n_tokens: int, repeat: int) -> int:

@@ -43,18 +43,27 @@ class _Recorder:
         self.zlib_bytes = 0
         self.by_kind: Counter[str] = Counter()
         self.by_field: Counter[str] = Counter()
+        self.captures = 0
+        self.version_bytes = 0  # what the per-token version facts add to the captures
 
     async def publish_raw(self, topic: str, key: bytes, value: bytes) -> tuple[int, int]:
-        from schemas.codec import decode_event
+        from dataclasses import replace
+
+        from schemas.codec import decode_event, encode_event
         from schemas.records import CallCaptured
 
         size = len(key) + len(value)
         self.bytes += size
         self.events += 1
         self.zlib_bytes += len(key) + len(zlib.compress(value, 1))
-        body = decode_event(value).body
+        event = decode_event(value)
+        body = event.body
         self.by_kind[type(body).__name__] += size
         if isinstance(body, CallCaptured):
+            self.captures += 1
+            self.version_bytes += len(value) - len(encode_event(replace(event, body=replace(body, facts=replace(
+                body.facts, version_spans=[], version_spans_source="", dispatch_version=None,
+                completion_version=None)))))
             parts = {"prompt ids": _ID_BYTES * len(body.prompt_token_ids),
                      "generated ids": _ID_BYTES * len(body.generation_token_ids),
                      "log-probs": _LOG_PROB_BYTES * len(body.generation_log_probs),
@@ -68,7 +77,7 @@ class _Recorder:
 
 
 async def rollout_bytes(*, calls: int, delta: bool, tool_words: int, system_words: int,
-                        max_model_len: int) -> tuple[_Recorder, int, int]:
+                        max_model_len: int, version: str | None = None) -> tuple[_Recorder, int, int]:
     """(what was published, model calls made, final context tokens) of one rollout of up to ``calls`` calls."""
     import httpx
 
@@ -82,6 +91,8 @@ async def rollout_bytes(*, calls: int, delta: bool, tool_words: int, system_word
     app = Interceptor(InterceptorSettings(upstream_url="http://policy", bootstrap="unused:1", delta_records=delta),
                       publisher=recorder, upstream=upstream)  # type: ignore[arg-type]
     await app.startup()
+    if version is not None:  # an announced policy version: every capture records its per-token spans
+        app.core.clock.set_admin(version)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": f"You are a coding agent. #tool-calls={calls - 1} "
                                       + " ".join(f"rule {i}: keep the change small." for i in range(system_words // 6))},
@@ -123,4 +134,9 @@ def main(args: argparse.Namespace) -> int:
           f"{delta.zlib_bytes / calls:,.0f} bytes ({delta.zlib_bytes / delta.bytes:.0%})")
     print("  by event kind:  " + ", ".join(f"{k} {v / calls:,.0f}" for k, v in delta.by_kind.most_common()))
     print("  CallCaptured:   " + ", ".join(f"{k} {v / calls:,.0f}" for k, v in delta.by_field.most_common()))
+    versioned, _, _ = asyncio.run(rollout_bytes(delta=True, version="step-000042", **sizes))
+    per_call = versioned.version_bytes / max(1, versioned.captures)
+    print(f"per-token versions (one announced version, one span per call): +{per_call:,.0f} bytes per call, "
+          f"{versioned.version_bytes / versioned.bytes:.2%} of the delta records "
+          f"({versioned.bytes:,} bytes with them, {versioned.bytes - versioned.version_bytes:,} without)")
     return 0

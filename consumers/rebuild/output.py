@@ -109,6 +109,9 @@ def _trajectory(traj: Trajectory | None) -> dict[str, Any] | None:
                 "generation_start": s.generation_start,
                 "end": s.end,
                 "policy_version": s.policy_version,
+                "version_spans": [{"version": v.version, "start": v.start, "end": v.end} for v in s.version_spans],
+                "version_source": s.version_source,
+                "dispatch_version": s.dispatch_version,
             }
             for s in traj.spans
         ],
