@@ -16,8 +16,9 @@ Optional attributes a sink may declare:
   redelivery after a restart can reach the trainer twice (its readers then
   deduplicate by ``(snapshot_id, version)``).
 
-Built in: ``jsonl`` (this module), ``kafka`` (``consumers.sinks.kafka``), and the
-in-process async iterator ``consumers.sinks.stream.RolloutStream``.
+Built in: ``jsonl`` (this module), ``kafka`` (``consumers.sinks.kafka``),
+``kafka-groups`` (one record per GRPO group, ``consumers.sinks.kafka_groups``), and
+the in-process async iterator ``consumers.sinks.stream.RolloutStream``.
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ def _identities_in(path: Path) -> set[tuple[str, int]]:
     return identities
 
 
-BUILTIN_SINKS = {"jsonl": "consumers.sinks.plugin:JsonlSink", "kafka": "consumers.sinks.kafka:KafkaSink"}
+BUILTIN_SINKS = {"jsonl": "consumers.sinks.plugin:JsonlSink", "kafka": "consumers.sinks.kafka:KafkaSink",
+                 "kafka-groups": "consumers.sinks.kafka_groups:GroupedKafkaSink"}
 
 
 def load_sink(target: str, kwargs: dict[str, Any] | None = None) -> TrainerSink:

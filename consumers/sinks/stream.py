@@ -7,16 +7,25 @@ consumer commits a rollout's offset only after the trainer moved past it; a
 crash before that delivers it again (at-least-once, deduplicated by
 ``(snapshot_id, version)`` while the process lives).
 
-Grouping (GRPO): with ``group_key`` the stream yields lists, one per group, when
-every rollout of the group is there. The key and the size come from the
-rollout's result payload (``group_key="group_id"``, ``group_size="group_size"``
-name keys of the finish result) or from callables; ``group_size`` may also be a
-constant. A rollout without a group key is yielded as a group of one. Groups are
-yielded in completion order, members sorted by rollout id; a redelivered member
-replaces the version it had. A rollout whose group cannot be told (its group
-size is not a positive integer, a key or size callable raised) is yielded
-alone, masked with ``invalid_group`` naming the value and the setting: a
-record's content never stops the stream. Every rollout passes
+Grouping (GRPO): with ``group_key`` the stream yields one
+``consumers.sinks.grouping.RolloutGroup`` per group, by the rule of
+``consumers.sinks.grouping`` (the same rule as the grouped Kafka sink): every
+member that arrived, sorted by rollout id, masked members included and named in
+``group.masked`` (each keeps ``mask_sample=True``), ``reward_mean`` /
+``reward_std`` over the valid members (``reward=`` names the result key, or is a
+callable), ``complete`` / ``timed_out`` / ``missing``. A ``RolloutGroup`` is a
+read-only sequence of its members, so ``for r in group``, ``len(group)``,
+``group[0]`` and ``(only,) = group`` work as they did on the lists this stream
+used to yield. The key and the size come from the finish result
+(``group_key="group_id"``, ``group_size="group_size"``) or from callables;
+``group_size`` may also be a constant. A rollout without a group key is a group
+of one; one whose group cannot be told is yielded alone, masked
+``invalid_group``: a record's content never stops the stream. With
+``group_timeout_s`` a group still short that long after its first member
+arrived is yielded incomplete (``on_timeout="emit"``) or dropped, its
+deliveries released (``"drop"``, counted in ``dropped_groups``); a timer in the
+trainer's event loop enforces it even when no delivery arrives, and
+``check_timeouts()`` applies it now. Every rollout passes
 ``consumers.rebuild.validity.checked_record`` first, so the trainer gets what
 the JSONL sink would write. Rollouts of one group must reach this process: run
 one consumer (or route a group's snapshots to one partition), and keep
@@ -35,49 +44,49 @@ an error (a failed retire, ``MaskFractionExceeded``), the iteration raises it.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
-import logging
+import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Hashable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 from consumers.rebuild.validity import checked_record
+from consumers.sinks.grouping import (GroupAssembler, GroupKey, GroupSize, OnTimeout, RewardOf, RolloutGroup, Step,
+                                      expire_when_due)
 from schemas.errors import ConfigError
-from schemas.records import MaskCode, MaskReason, RebuiltRollout
+from schemas.records import RebuiltRollout
 
 if TYPE_CHECKING:
     from consumers.settings import ConsumerSettings
 
-log = logging.getLogger("tokentrail.consumer.inprocess")
-
 _CLOSED = object()
 _ACKED_MEMORY = 100_000
 
-GroupKey = str | Callable[[RebuiltRollout], Hashable | None]
-GroupSize = int | str | Callable[[RebuiltRollout], int]
+__all__ = ["RolloutStream", "rollout_stream"]
 
 
 class RolloutStream:
-    """``TrainerSink`` + ``AsyncIterator[RebuiltRollout | list[RebuiltRollout]]``."""
+    """``TrainerSink`` + ``AsyncIterator[RebuiltRollout | RolloutGroup]`` (a group when ``group_key`` is set)."""
 
     def __init__(self, *, group_key: GroupKey | None = None, group_size: GroupSize | None = None,
-                 include_response: bool = True, max_buffered: int = 1024) -> None:
+                 include_response: bool = True, max_buffered: int = 1024, reward: RewardOf = "reward",
+                 group_timeout_s: float | None = None, on_timeout: OnTimeout = "emit",
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if (group_key is None) != (group_size is None):
             raise ConfigError("group_key and group_size go together: both set (grouping) or both unset")
-        if isinstance(group_size, int) and group_size < 1:
-            raise ConfigError(f"group_size={group_size}: must be >= 1")
+        if group_key is None and group_timeout_s is not None:
+            raise ConfigError(f"group_timeout_s={group_timeout_s!r} needs grouping: set group_key and group_size")
         if max_buffered < 1:
             raise ConfigError(f"max_buffered={max_buffered}: must be >= 1")
         self.include_response = include_response
         self.max_in_flight = max_buffered
         self.idempotent_across_restarts = False  # deduplication lives in this process only
-        self._group_key = group_key
-        self._group_size = group_size
+        self._assembler = None if group_key is None or group_size is None else GroupAssembler(
+            group_key=group_key, group_size=group_size, reward=reward, group_timeout_s=group_timeout_s,
+            on_timeout=on_timeout, clock=clock)
+        self._timer: asyncio.Task[None] | None = None
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._pending: dict[tuple[str, int], asyncio.Future[None]] = {}
-        self._groups: dict[Hashable, dict[str, RebuiltRollout]] = {}
         self._acked: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._current: list[tuple[str, int]] = []
         self._closed = False
@@ -103,6 +112,10 @@ class RolloutStream:
         if self._closed:
             return
         self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._timer
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(ConfigError("the rollout stream closed before the trainer took this rollout"))
@@ -126,7 +139,7 @@ class RolloutStream:
             if self._error is not None:
                 raise self._error
             raise StopAsyncIteration
-        rollouts = item if isinstance(item, list) else [item]
+        rollouts = item if isinstance(item, RolloutGroup) else [item]
         self._current = [(r.snapshot_id, r.version) for r in rollouts]
         return item
 
@@ -142,66 +155,44 @@ class RolloutStream:
         self._current = []
 
     # -- grouping ---------------------------------------------------------------------
+    def check_timeouts(self) -> None:
+        """Apply the group timeout policy now (a timer does it too; each delivery does it first)."""
+        if self._assembler is not None:
+            self._apply(self._assembler.expire())
+
     def _admit(self, rollout: RebuiltRollout) -> None:
-        if self._group_key is None:
+        if self._assembler is None:
             self._queue.put_nowait(rollout)
             return
-        try:
-            key = self._key_of(rollout)
-            size = None if key is None else self._size_of(rollout)
-        except Exception as exc:  # fail closed: this rollout alone, masked; the stream goes on
-            log.warning("rollout %s: %s; yielded alone, masked (invalid_group)", rollout.rollout_id, exc)
-            reason = MaskReason(code=MaskCode.INVALID_GROUP, detail=f"{exc}; yielded as a group of one. Fix the finish "
-                                "result (or the group_key / group_size settings of the RolloutStream)")
-            self._queue.put_nowait([dataclasses.replace(rollout, mask_sample=True,
-                                                        mask_reasons=[*rollout.mask_reasons, reason])])
-            return
-        if key is None:
-            self._queue.put_nowait([rollout])
-            return
-        members = self._groups.setdefault(key, {})
-        replaced = members.get(rollout.rollout_id)
-        if replaced is not None and (replaced.snapshot_id, replaced.version) != (rollout.snapshot_id, rollout.version):
+        self._apply(self._assembler.add(rollout))
+        if self._assembler.next_deadline() is not None and (self._timer is None or self._timer.done()):
+            self._timer = asyncio.get_running_loop().create_task(expire_when_due(self._assembler, self._apply))
+
+    def _apply(self, step: Step) -> None:
+        for replaced in step.released:
             # The older version will never be taken: release its delivery as superseded.
-            old = self._pending.pop((replaced.snapshot_id, replaced.version), None)
-            if old is not None and not old.done():
-                old.set_result(None)
-        members[rollout.rollout_id] = rollout
-        if len(members) >= size:
-            del self._groups[key]
-            self._queue.put_nowait([members[rid] for rid in sorted(members)])
+            self._release((replaced.snapshot_id, replaced.version), remember=False)
+        for group in step.dropped:  # the timeout policy said drop: the consumer may commit them
+            for member in group:
+                self._release((member.snapshot_id, member.version), remember=True)
+        for group in step.emitted:
+            self._queue.put_nowait(group)
 
-    def _key_of(self, rollout: RebuiltRollout) -> Hashable | None:
-        if callable(self._group_key):
-            key = self._group_key(rollout)
-            hash(key)  # an unhashable key is this rollout's problem, not the stream's
-            return key
-        value = _result(rollout).get(self._group_key)
-        return json.dumps(value, sort_keys=True) if value is not None else None
-
-    def _size_of(self, rollout: RebuiltRollout) -> int:
-        size = self._group_size
-        if callable(size):
-            size = size(rollout)
-        elif isinstance(size, str):
-            size = _result(rollout).get(size)
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ConfigError(f"rollout {rollout.rollout_id}: group size {size!r} is not a positive integer "
-                              f"(group_size={self._group_size!r}; the finish result must carry it as an integer "
-                              ">= 1)")
-        return size
+    def _release(self, identity: tuple[str, int], *, remember: bool) -> None:
+        future = self._pending.pop(identity, None)
+        if future is not None and not future.done():
+            future.set_result(None)
+        if remember:
+            self._acked[identity] = None
 
     @property
     def open_groups(self) -> int:
-        return len(self._groups)
+        return 0 if self._assembler is None else self._assembler.open_groups
 
-
-def _result(rollout: RebuiltRollout) -> dict[str, Any]:
-    try:
-        value = json.loads(rollout.result_json)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+    @property
+    def dropped_groups(self) -> int:
+        """Groups the timeout policy dropped (``on_timeout="drop"``)."""
+        return 0 if self._assembler is None else self._assembler.dropped_groups
 
 
 @asynccontextmanager
