@@ -1,9 +1,9 @@
 """Create tokentrail's topics on a broker, idempotently, and fill one in bulk.
 
-Guarantees: after `ensure_topics` returns, the four topics exist (created now, or
+Guarantees: after `ensure_topics` returns, the five topics exist (created now, or
 already there: their existing settings are left alone); rollout-events keeps a week of
 history so replay works, and snapshots/rebuilt accept messages up to
-``schemas.topics.MAX_MESSAGE_BYTES``. Any failure is a `TopicError` naming the topic,
+``schemas.topics.MAX_MESSAGE_BYTES``; policy-versions is compacted, with one partition. Any failure is a `TopicError` naming the topic,
 the broker and the reason. `produce_all` returns only once Kafka acknowledged every
 record (benchmarks and tests publish their workloads with it).
 """
@@ -36,7 +36,14 @@ def topic_configs(names: TopicNames) -> dict[str, dict[str, str]]:
         names.rebuilt: dict(big),
         # Dead letters carry the undecodable event itself, so they can be as large as one.
         names.deadletter: dict(big),
+        # One record per label, the latest kept: the whole history of versions stays small.
+        names.policy_versions: {"cleanup.policy": "compact"},
     }
+
+
+# Topics whose partition count is fixed whatever --partitions says: announcements are read in order.
+def _partitions_of(names: TopicNames, name: str, partitions: int) -> int:
+    return 1 if name == names.policy_versions else partitions
 
 
 def ensure_topics(bootstrap: str, names: TopicNames | None = None,
@@ -55,7 +62,7 @@ def ensure_topics(bootstrap: str, names: TopicNames | None = None,
         raise TopicError(str(exc)) from exc
     _wait_for_broker(admin, bootstrap, timeout)
     # replication_factor=-1: the broker's default.replication.factor (1 on a dev broker).
-    new = [NewTopic(name, num_partitions=partitions, replication_factor=-1, config=config)
+    new = [NewTopic(name, num_partitions=_partitions_of(names, name, partitions), replication_factor=-1, config=config)
            for name, config in topic_configs(names).items()]
     futures = admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout)
     failures = []

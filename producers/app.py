@@ -32,7 +32,9 @@ re-parsed ``request.url``, which deletes tab/CR/LF. A path that cannot be forwar
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Any
 
 import httpx
 from starlette.requests import Request
@@ -53,7 +55,7 @@ from producers.metrics import InterceptorMetrics
 from producers.publisher import KafkaPublisher, producer_config
 from producers.route_policy import Policy, decide
 from producers.routing import is_control, parse_route, scope_paths
-from producers.services import CaptureServices, engine_client, open_services, probe_prefix_supply_of
+from producers.services import CaptureServices, engine_client, follow_versions, open_services, probe_prefix_supply_of
 from producers.settings import InterceptorSettings
 from schemas.errors import ContractError, TokentrailError
 from schemas.records import IncompleteReason
@@ -89,6 +91,7 @@ class Interceptor:
         self._publisher = publisher
         self._upstream = upstream
         self._services: CaptureServices | None = None  # set once, by startup()
+        self._versions: Any = None  # the policy-versions follower (schemas.kafka.versions), when following
 
     @property
     def services(self) -> CaptureServices:
@@ -152,8 +155,13 @@ class Interceptor:
             self._upstream = engine_client(s)
         self._services = open_services(s, self._publisher, self._upstream, metrics=self.metrics, source=self.source,
                                        catalog=catalog)
+        if s.follow_versions and self._versions is None:
+            self._versions = await follow_versions(s, self._services.core.clock)
 
     async def shutdown(self) -> None:
+        if self._versions is not None:
+            await asyncio.to_thread(self._versions.close)
+            self._versions = None
         if self._services is not None:
             await self._services.tasks.wait(timeout=30)
             await self._services.core.writer.close()

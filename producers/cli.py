@@ -34,6 +34,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="a generation the engine aborts for a weight update: mask (record it aborted, the "
                              "harness retries) or continue (resubmit prompt + partial generation as prompt ids "
                              "and answer once, token-exact)")
+    parser.add_argument("--no-follow-versions", action="store_true",
+                        help="do not follow the policy-versions topic (versions then come only from the engine "
+                             "and POST /tokentrail/admin/policy-version)")
     parser.add_argument("--logprobs-mode", default="raw_logprobs",
                         help="what the engine's logprobs mean, as vLLM was started (--logprobs-mode): "
                              "raw_logprobs (default) or processed_logprobs; recorded on every call")
@@ -89,6 +92,7 @@ def main(args: argparse.Namespace) -> int:
             spool_dir=args.spool_dir,
             prefix_supply=args.prefix_supply,
             abort_policy=args.abort_policy,
+            follow_versions=not args.no_follow_versions,
             delta_records=not args.no_delta_records,
             publish_timeout_ms=args.publish_timeout_ms,
             engine_timeout_s=args.engine_timeout_s,

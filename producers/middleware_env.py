@@ -58,6 +58,7 @@ ENV_SETTINGS: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("TOKENTRAIL_ENGINE_TIMEOUT_S", "engine_timeout_s", float),  # seconds, > 0
     ("TOKENTRAIL_STREAM_IDLE_TIMEOUT_S", "stream_idle_timeout_s", float),  # seconds, > 0
     ("TOKENTRAIL_ABORT_POLICY", "abort_policy", str),  # mask or continue
+    ("TOKENTRAIL_FOLLOW_VERSIONS", "follow_versions", _flag),  # 1/0 (default 1: follow the versions topic)
 )
 _ENV_OF = {field: name for name, field, _ in ENV_SETTINGS}
 
@@ -66,7 +67,7 @@ def settings_from_env(env: dict[str, str] | None = None) -> InterceptorSettings:
     env = dict(os.environ if env is None else env)
     if not env.get("TOKENTRAIL_BOOTSTRAP"):
         raise ConfigError("TOKENTRAIL_BOOTSTRAP is not set: the middleware needs the Kafka bootstrap servers (host:port)")
-    values: dict[str, Any] = {"upstream_url": IN_PROCESS}
+    values: dict[str, Any] = {"upstream_url": IN_PROCESS, "follow_versions": True}
     for name, field, parse in ENV_SETTINGS:
         raw = env.get(name)
         if not raw:

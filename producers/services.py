@@ -10,7 +10,9 @@ unless the engine renders chat requests and honours supplied prompt ids.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 from starlette.requests import Request
@@ -25,8 +27,12 @@ from producers.metrics import InterceptorMetrics
 from producers.publisher import KafkaPublisher
 from producers.settings import InterceptorSettings
 from producers.spool import Spool
+from producers.version_clock import VersionClock
+from schemas.errors import TransportError
 
-__all__ = ["CaptureServices", "TaskTracker", "engine_client", "open_services", "probe_prefix_supply_of"]
+log = logging.getLogger("tokentrail.interceptor")
+
+__all__ = ["CaptureServices", "TaskTracker", "engine_client", "follow_versions", "open_services", "probe_prefix_supply_of"]
 
 
 @dataclass(slots=True)
@@ -96,3 +102,21 @@ def open_services(settings: InterceptorSettings, publisher: KafkaPublisher, upst
     writer.start()
     return CaptureServices(core=core, upstream=upstream, settings=settings, tasks=TaskTracker(), metrics=metrics,
                            source=source)
+
+
+async def follow_versions(settings: InterceptorSettings, clock: VersionClock) -> Any:
+    """Follow the policy-versions topic into ``clock`` (changes applied on this event loop); the follower,
+    or None when the topic cannot be read (logged: the admin route still sets versions)."""
+    from schemas.kafka.versions import VersionFollower
+
+    loop = asyncio.get_running_loop()
+    follower = VersionFollower(settings.bootstrap, settings.topics.policy_versions,
+                               on_change=lambda pv: loop.call_soon_threadsafe(clock.announce, pv))
+    try:
+        await asyncio.to_thread(follower.start)
+    except TransportError as exc:
+        log.warning("not following policy versions: %s", exc)
+        return None
+    if await asyncio.to_thread(follower.wait_caught_up, 10.0) and follower.book.current is not None:
+        clock.announce(follower.book.current)
+    return follower

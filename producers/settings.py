@@ -88,6 +88,11 @@ class InterceptorSettings(BaseModel):
                             "the partial generation as prompt ids once the engine takes requests again and "
                             "answers the harness once, token-exact (producers.continuation)"
     )
+    follow_versions: bool = Field(
+        False, description="Follow the policy-versions topic (the trainer's announcements) for the version each "
+                           "token is recorded under; `tokentrail intercept` and the vLLM middleware turn it on "
+                           "(--no-follow-versions, TOKENTRAIL_FOLLOW_VERSIONS=0 turn it off)"
+    )
     max_continuations: int = Field(8, ge=1, description="Aborts one call may be continued across (abort_policy "
                                                         "continue); one more aborts it as under 'mask'")
     index_max_rollouts: int = 65_536

@@ -14,7 +14,8 @@ from fastavro.schema import load_schema, to_parsing_canonical_form
 
 from schemas.codec import _fingerprint_of
 
-TOP_LEVEL = ("RolloutEvent", "Snapshot", "RebuiltRollout", "RolloutHeader", "StoredCall", "FingerprintIndex", "StoredIncomplete")
+TOP_LEVEL = ("RolloutEvent", "Snapshot", "RebuiltRollout", "RolloutHeader", "StoredCall", "FingerprintIndex", "StoredIncomplete",
+             "PolicyVersion")
 
 
 def archive() -> list[str]:

@@ -28,6 +28,7 @@ import fastavro
 from fastavro.schema import fingerprint, load_schema, parse_schema, to_parsing_canonical_form
 
 from schemas.errors import CodecError, SchemaVersionError
+from schemas.policy_versions import PolicyVersion
 from schemas.records import (
     EVENT_SCHEMA_VERSION,
     REBUILT_SCHEMA_VERSION,
@@ -410,3 +411,9 @@ def event_id_of(data: bytes) -> str:
         return decode_event(data).event_id
     length, pos = read_long(data, _HEADER_LEN)
     return bytes(data[pos : pos + length]).decode()
+
+
+@cache
+def policy_version_codec() -> RecordCodec[PolicyVersion]:
+    """The codec of the policy-versions topic's records (``schemas.policy_versions.PolicyVersion``)."""
+    return RecordCodec(PolicyVersion, "PolicyVersion", 1)

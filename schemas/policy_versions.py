@@ -87,6 +87,10 @@ class VersionBook:
             return 0
         return step
 
+    def steps(self) -> dict[str, int]:
+        """Every announced label and its step (a copy)."""
+        return dict(self._steps)
+
     @property
     def current_label(self) -> str | None:
         return self.current.label if self.current is not None else None

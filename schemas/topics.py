@@ -20,6 +20,8 @@ ROLLOUT_EVENTS = "tokentrail.rollout-events"
 SNAPSHOTS = "tokentrail.snapshots"
 REBUILT = "tokentrail.rebuilt"
 DEADLETTER = "tokentrail.deadletter"
+# The trainer's announcements of policy versions: compacted, keyed by label, one partition (ordered).
+POLICY_VERSIONS = "tokentrail.policy-versions"
 
 DEFAULT_PARTITIONS = 4
 # Rollout events are the replayable source of truth: keep them a week.
@@ -31,12 +33,13 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TopicNames:
-    """The four topic names a deployment uses (configurable, these defaults)."""
+    """The topic names a deployment uses (configurable, these defaults)."""
 
     rollout_events: str = ROLLOUT_EVENTS
     snapshots: str = SNAPSHOTS
     rebuilt: str = REBUILT
     deadletter: str = DEADLETTER
+    policy_versions: str = POLICY_VERSIONS
 
 
 def key_for(rollout_id: str) -> bytes:
@@ -52,6 +55,7 @@ def topic_names(prefix: str = "") -> TopicNames:
         snapshots=prefix + base.snapshots,
         rebuilt=prefix + base.rebuilt,
         deadletter=prefix + base.deadletter,
+        policy_versions=prefix + base.policy_versions,
     )
 
 
@@ -146,7 +150,7 @@ def wait_for_topics(admin: Any, required: Iterable[str], *, bootstrap: str, name
             + (f" ({last_error})" if last_error else "")
             + ": check --bootstrap, or start a broker (`tokentrail kafka up`) and create the topics with "
             f"`{topics_command(bootstrap, names, partitions)}`", tuple(wanted))
-    standard = ({names.rollout_events, names.snapshots, names.rebuilt, names.deadletter}
+    standard = ({names.rollout_events, names.snapshots, names.rebuilt, names.deadletter, names.policy_versions}
                 if topic_prefix(names) is not None else set())
     others = [t for t in missing if t not in standard]
     listed = ", ".join(f"{t} ({errors[t]})" if t in errors else t for t in missing)
