@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install jars claude-code codex vllm demo demo-collect why test test-unit test-integration fuzz chaos imports bench clean
+.PHONY: install jars claude-code codex vllm demo demo-async demo-collect why test test-unit test-integration fuzz chaos imports bench clean
 
 install: $(VENV)/.installed
 
@@ -42,6 +42,12 @@ $(VLLM_VENV)/.installed: compose/vllm_engine/requirements.lock pyproject.toml
 
 demo: install jars
 	$(BIN)/tokentrail demo
+
+# A closed loop on this machine: groups of streamed multi-turn rollouts on the real vLLM CPU engine while a
+# PyTorch trainer (compose/async_demo/trainer/train_step.py, in .venv-vllm) steps on delivered groups and pushes its
+# weights into the running engine; prints each rollout's version spans, staleness and reward, and each step.
+demo-async: install jars vllm
+	$(BIN)/tokentrail demo-async $(DEMO_ASYNC_ARGS)
 
 # `tokentrail collect` with the real Claude Code CLI on 4 tasks of the shipped reasoning set (2 samples
 # each) through a local stack: prints each rollout's reward beside its mask_sample, then the summary.

@@ -25,7 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "topics": ("compose.topics_cli", "create the tokentrail topics on a broker"),
     "versions": ("compose.versions_cli", "announce a policy version (the trainer), or show the announced ones"),
     "demo": ("compose.demo", "bring the stack up, run sample rollouts, print the table"),
-    "demo-async": ("compose.async_demo.run", "a closed RL loop: rollouts on real vLLM CPU while a trainer pushes weights"),
+    "demo-async": ("compose.async_demo.run", "rollouts on real vLLM CPU while a trainer pushes new weights"),
     "collect": ("compose.collect.cli", "run a harness over a task set, verify, deliver rewarded rollouts"),
     "bench": ("compose.bench", "run a benchmark that prints figures"),
     "chaos": ("compose.chaos.cli", "run concurrent rollouts while killing broker, processor, consumer, interceptor"),
