@@ -4,7 +4,8 @@ The topics must exist first (`tokentrail topics`): a consumer that finds one it
 reads or writes missing after ``--topic-wait`` seconds (or no broker answering)
 exits 4 with the missing topics and the command that creates them, instead of
 polling for ever. Exit 0 after a stop, 2 on invalid settings, 3 when delivery
-stopped on a failure, 4 when topics or the broker are missing.
+stopped on a failure, 4 when topics or the broker are missing. With
+``--max-staleness K`` the policy-versions topic is one of the topics it needs.
 """
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-mask-fraction", type=float, help="stop when more than this fraction is masked")
     parser.add_argument("--mask-fraction-min-samples", type=int, default=50)
     parser.add_argument("--max-rollouts", type=int, help="stop after delivering this many rollouts")
+    parser.add_argument("--max-staleness", type=int, default=None, metavar="K",
+                        help="mask a rollout whose oldest generated token is more than K policy versions behind the "
+                             "current one (stale_policy; needs the policy-versions topic)")
+    parser.add_argument("--stale-action", choices=["mask", "drop"], default="mask",
+                        help="with --max-staleness: deliver a stale rollout masked (default) or drop it (retired "
+                             "and committed, not delivered)")
+    parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="serve Prometheus /metrics (policy staleness histogram, stale rollouts) on this port")
+    parser.add_argument("--metrics-host", default="127.0.0.1")
     parser.add_argument("--fetch-wait-ms", type=int, default=None, metavar="MS",
                         help="longest fetch long-poll at the broker (default: ConsumerSettings.fetch_wait_ms)")
     add_topic_options(parser)
@@ -71,7 +81,10 @@ def main(args: argparse.Namespace) -> int:
                                     sink_kwargs=kwargs, project_response=not args.no_response, rules=rules,
                                     max_mask_fraction=args.max_mask_fraction,
                                     mask_fraction_min_samples=args.mask_fraction_min_samples, topics=topics,
-                                    topic_wait_s=args.topic_wait,
+                                    topic_wait_s=args.topic_wait, max_staleness=getattr(args, "max_staleness", None),
+                                    stale_action=getattr(args, "stale_action", "mask"),
+                                    metrics_port=getattr(args, "metrics_port", None),
+                                    metrics_host=getattr(args, "metrics_host", "127.0.0.1"),
                                     **({} if args.fetch_wait_ms is None else {"fetch_wait_ms": args.fetch_wait_ms}))
     except (ValidationError, ValueError) as exc:
         print(f"tokentrail consume: invalid settings: {exc}", file=sys.stderr)
@@ -110,5 +123,6 @@ async def _run(settings, sink, max_rollouts) -> int:
         await consumer.close()
     stats = consumer.stats
     print(json.dumps({"rebuilt": stats.rebuilt, "delivered": stats.delivered, "masked": stats.masked,
-                      "deadletters": stats.deadletters, "mask_reasons": dict(stats.mask_reasons)}))
+                      "dropped": stats.dropped, "deadletters": stats.deadletters,
+                      "mask_reasons": dict(stats.mask_reasons)}))
     return code

@@ -23,6 +23,12 @@ exist, and otherwise raises ``TopicsUnavailable`` naming them and the
 `tokentrail topics` command, instead of polling UNKNOWN_TOPIC for ever. It never
 creates them: their partition count is the per-rollout ordering contract,
 decided by `tokentrail topics`.
+
+Policy staleness (``consumers.staleness_gate``): each rollout is judged right
+before delivery against the version current then. A stale one is masked
+``stale_policy`` or, with ``stale_action="drop"``, not delivered: it is retired
+and committed as a delivered one (the log keeps its evidence for replay) and
+counts as masked for ``max_mask_fraction``.
 """
 
 from __future__ import annotations
@@ -39,14 +45,16 @@ from typing import Any
 
 import confluent_kafka
 
+from consumers.metrics import ConsumerMetrics
 from consumers.offsets import OffsetTracker
 from consumers.rebuild import rebuild
 from consumers.settings import ConsumerSettings
+from consumers.staleness_gate import StalenessGate
 from consumers.sinks.plugin import TrainerSink
 from schemas.codec import decode_snapshot, encode_event
-from schemas.errors import ContractError, TokentrailError, TransportError
+from schemas.errors import ConfigError, ContractError, TokentrailError, TransportError
 from schemas.ids import new_event_id
-from schemas.records import RebuiltRollout, RetireRequested, RolloutEvent
+from schemas.records import MaskCode, RebuiltRollout, RetireRequested, RolloutEvent
 from schemas.kafka.bridge import AckedProducer, admin_client
 from schemas.kafka.config import consumer_config, producer_config
 from schemas.kafka.framing import deadletter_headers
@@ -70,13 +78,15 @@ class ConsumerStats:
     delivered: int = 0
     masked: int = 0
     deadletters: int = 0
+    dropped: int = 0  # stale rollouts not delivered (stale_action="drop"); also counted in masked
     mask_reasons: Counter[str] = field(default_factory=Counter)
 
 
 def required_topics(settings: ConsumerSettings) -> list[str]:
     """The topics a consumer with ``settings`` reads and writes on ``settings.bootstrap``.
 
-    Snapshots (read), dead letters, rollout-events when it retires, and the topic of the
+    Snapshots (read), dead letters, rollout-events when it retires, policy-versions when
+    ``max_staleness`` is set, and the topic of the
     Kafka sink the settings build (``sink="kafka"`` with ``sink_kwargs`` naming this
     cluster's bootstrap and the topic, as `tokentrail consume` passes them); a sink object
     built some other way is the caller's to check.
@@ -84,6 +94,8 @@ def required_topics(settings: ConsumerSettings) -> list[str]:
     topics = [settings.topics.snapshots, settings.topics.deadletter]
     if settings.retire:
         topics.append(settings.topics.rollout_events)
+    if settings.max_staleness is not None:  # the bound cannot be checked without the versions
+        topics.append(settings.topics.policy_versions)
     kwargs = settings.sink_kwargs
     if settings.sink == "kafka" and kwargs.get("bootstrap") == settings.bootstrap and kwargs.get("topic"):
         topics.append(str(kwargs["topic"]))
@@ -108,13 +120,23 @@ class RebuildConsumer:
     (tests); the consumer must already be subscribed. ``topic_check`` (default: on
     with a real consumer, off with a replaced one) makes the first `run` wait for
     `required_topics` with `check_topics`; a callable ``(settings) -> None`` replaces
-    that check (tests).
+    that check (tests). ``versions`` is where policy versions come from: a
+    ``VersionBook`` or anything with a ``.book`` (a running ``VersionFollower``);
+    default: the policy-versions topic, followed by `run` with real clients (see the
+    module docstring), none with replaced ones.
     """
 
     def __init__(self, settings: ConsumerSettings, sink: TrainerSink, *, kafka_consumer: Any = None,
                  kafka_producer: Any = None,
-                 topic_check: bool | Callable[[ConsumerSettings], None] | None = None) -> None:
+                 topic_check: bool | Callable[[ConsumerSettings], None] | None = None,
+                 versions: Any = None) -> None:
         self.settings = settings
+        if versions is None and kafka_consumer is not None and settings.max_staleness is not None:
+            raise ConfigError("max_staleness is set but the consumer has replaced Kafka clients and no versions "
+                              "source: pass versions=VersionBook(...) (or a VersionFollower)")
+        self._follow = versions is None and kafka_consumer is None
+        self.metrics = ConsumerMetrics()
+        self.gate = StalenessGate(settings, self.metrics, versions)
         if topic_check is None:
             topic_check = kafka_consumer is None
         self._topic_check = check_topics if topic_check is True else (topic_check or None)
@@ -156,6 +178,12 @@ class RebuildConsumer:
         if self._topic_check is not None:  # before the first poll: never poll a missing topic for ever
             await asyncio.to_thread(self._topic_check, self.settings)
             self._topic_check = None
+        if self._follow:  # before the first poll too: a rollout is never judged against a half-read topic
+            self._follow = False
+            await asyncio.to_thread(self.gate.follow)
+        if self.settings.metrics_port is not None and self.metrics.port is None:
+            port = self.metrics.serve(self.settings.metrics_port, self.settings.metrics_host)
+            log.info("consumer metrics on http://%s:%d/metrics", self.settings.metrics_host, port)
         slots = asyncio.Semaphore(self.window)
         pending: set[asyncio.Task[None]] = set()
         failure: list[BaseException] = []
@@ -241,13 +269,28 @@ class RebuildConsumer:
         rollout = await asyncio.to_thread(rebuild, snapshot, self.rules)
         if STAGES.on:
             STAGES.mark(rollout.rollout_id, "cons.rebuilt")
-        self._count(rollout)
-        return rollout
+        judged = self.gate.judge(rollout)
+        if judged is None:
+            self._count(rollout, dropped=True)
+            await self._drop(msg, rollout)
+            return None
+        self._count(judged)
+        return judged
 
-    def _count(self, rollout: RebuiltRollout) -> None:
+    async def _drop(self, msg: Any, rollout: RebuiltRollout) -> None:
+        """A dropped rollout is retired and committed as a delivered one is (at least once: retire, then commit)."""
+        if self.settings.retire:
+            await self._in_thread(self._retire, rollout)
+        await self._done(msg)
+
+    def _count(self, rollout: RebuiltRollout, *, dropped: bool = False) -> None:
         stats = self.stats
         stats.rebuilt += 1
-        if rollout.mask_sample:
+        if dropped:  # untrainable like a masked one: it counts towards max_mask_fraction
+            stats.dropped += 1
+            stats.masked += 1
+            stats.mask_reasons.update([*(r.code for r in rollout.mask_reasons), MaskCode.STALE_POLICY.value])
+        elif rollout.mask_sample:
             stats.masked += 1
             stats.mask_reasons.update(r.code for r in rollout.mask_reasons)
         limit = self.settings.max_mask_fraction
@@ -311,6 +354,8 @@ class RebuildConsumer:
             log.warning("commit of %s[%d]@%d failed: %s", topic, partition, offset, exc)
 
     async def close(self) -> None:
+        self.metrics.close()
+        await asyncio.to_thread(self.gate.close)
         await asyncio.to_thread(self._consumer.close)
         await self._producer.close()
         await self.sink.close()

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from consumers.rebuild.rules import RebuildRules
 from schemas.errors import ConfigError
@@ -36,6 +36,22 @@ class ConsumerSettings(BaseModel):
     session_timeout_ms: int = 10_000
     topic_wait_s: float = Field(DEFAULT_TOPIC_WAIT_S, ge=0.0, description="How long startup waits for the broker "
                                 "and for the topics the consumer reads and writes to exist before it gives up")
+    max_staleness: int | None = Field(None, ge=0, description="Mask (or drop, stale_action) a rollout whose oldest "
+                                      "generated token is more than this many policy versions behind the current one "
+                                      "(consumers.rebuild.staleness); needs the policy-versions topic")
+    stale_action: Literal["mask", "drop"] = Field("mask", description="What max_staleness does to a stale rollout: "
+                                                  "'mask' (delivered masked stale_policy) or 'drop' (not delivered; "
+                                                  "retired and committed like a delivered one)")
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="Serve Prometheus /metrics on this port "
+                                     "(0: a free one; None: no endpoint)")
+    metrics_host: str = "127.0.0.1"
+
+    @model_validator(mode="after")
+    def _stale_action_needs_a_bound(self) -> ConsumerSettings:
+        if self.stale_action == "drop" and self.max_staleness is None:
+            raise ValueError("stale_action='drop' needs max_staleness (the bound a rollout is dropped beyond): "
+                             "set max_staleness, or leave stale_action at 'mask'")
+        return self
 
     @field_validator("rules")
     @classmethod

@@ -16,7 +16,11 @@ not delivered, with its kind:
 - ``side``: side calls (grouped by the side conversation they belong to).
 
 Every list is in a deterministic order, so the record is byte-identical for
-the same snapshot and rules.
+the same snapshot and rules. A consumer that follows the policy-versions topic
+adds ``policy_staleness``, ``oldest_policy_version`` and ``current_policy_version``
+(and ``policy_staleness_unknown``, why, when unknown) to the detail at delivery
+(``consumers.rebuild.staleness.apply_staleness``): they depend on the version
+current then, not on the snapshot alone.
 """
 
 from __future__ import annotations

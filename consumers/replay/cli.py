@@ -4,6 +4,7 @@
                       [--rules FILE] [--delivery traces|terminal|gym] [--format text|json]
     tokentrail replay --bootstrap B --summary [--from T] [--until T] [--rules FILE]
                       [--delivery traces|terminal|gym] [--format text|json] [--html FILE]
+                      [--max-staleness K]
 
 Reads ``tokentrail.rollout-events`` directly (no consumer group, nothing
 committed, no processor needed), runs the same pure fold and rebuild as the
@@ -19,6 +20,11 @@ defaults; for ``--summary`` the defaults without response projection). So
 then lists what F, delivering traces, changes (trace counts per kind included)
 and prints that trace tree, and ``--summary --delivery traces`` also counts
 traces and masked traces per kind.
+
+``--summary`` also histograms policy staleness when the policy-versions topic
+holds announcements (each rollout against the version current when it froze);
+``--max-staleness K`` masks as ``tokentrail consume --max-staleness K`` would
+(the topic must then exist).
 
 ``tokentrail replay --last-demo`` (``make why``) is ``compose.replay_cli``: finding
 the demo's broker is compose's job, and consumers never import compose.
@@ -48,6 +54,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "rules (traces: show the trace tree / count traces per kind)")
     parser.add_argument("--format", choices=["text", "json"], default="text")
     parser.add_argument("--html", type=Path, help="summary: also write an HTML report here")
+    parser.add_argument("--max-staleness", type=int, default=None, metavar="K",
+                        help="summary: mask rollouts more than K policy versions behind (as `consume "
+                             "--max-staleness K`; needs the policy-versions topic)")
     parser.add_argument("--topic-prefix", default="", help="prefix of every topic name")
 
 
@@ -138,11 +147,18 @@ def _summary(args, since, until, rules) -> int:
     if since.offset is not None or until.offset is not None:
         print("tokentrail replay: --summary takes times, not offsets", file=sys.stderr)
         return 2
+    max_staleness = getattr(args, "max_staleness", None)
+    if max_staleness is not None and max_staleness < 0:
+        print(f"tokentrail replay: --max-staleness={max_staleness} must be >= 0", file=sys.stderr)
+        return 2
     lookback_s = parse_duration(args.lookback, name="--lookback")
-    log = EventLog(args.bootstrap, topic_names(args.topic_prefix).rollout_events)
+    names = topic_names(args.topic_prefix)
+    announcements = read_announcements(args.bootstrap, names.policy_versions, required=max_staleness is not None)
+    log = EventLog(args.bootstrap, names.rollout_events)
     try:
         data = summarize(log, since_ms=since.time_ms, until_ms=until.time_ms,
-                         lookback_ms=int(lookback_s * 1000), rules=rules).to_dict()
+                         lookback_ms=int(lookback_s * 1000), rules=rules, announcements=announcements,
+                         max_staleness=max_staleness).to_dict()
     finally:
         log.close()
     if args.html is not None:
@@ -151,3 +167,36 @@ def _summary(args, since, until, rules) -> int:
     if args.html is not None and args.format == "text":
         print(f"HTML report: {args.html}")
     return 0
+
+
+def read_announcements(bootstrap: str, topic: str, *, required: bool, timeout_s: float = 30.0) -> list:
+    """Every announcement on the policy-versions ``topic`` (its compacted state), oldest offset first.
+
+    An absent topic is no announcement, unless ``required`` (``--max-staleness``): then a
+    ``TransportError`` naming the topic and the command that creates it.
+    """
+    from schemas.errors import TransportError
+    from schemas.kafka.versions import VersionFollower
+    from schemas.policy_versions import VersionBook
+
+    seen: list = []
+
+    class _Recording(VersionBook):  # the follower folds into a book; this one also keeps the history
+        def apply(self, announcement) -> bool:
+            seen.append(announcement)
+            return super().apply(announcement)
+
+    follower = VersionFollower(bootstrap, topic)
+    follower.book = _Recording()
+    try:
+        follower.start()
+    except TransportError:
+        if required:
+            raise
+        return []
+    try:
+        if not follower.wait_caught_up(timeout_s):
+            raise TransportError(f"could not read {topic} at {bootstrap} to its end within {timeout_s:g} s")
+    finally:
+        follower.close()
+    return list(seen)

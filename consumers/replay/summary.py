@@ -10,21 +10,35 @@ over time. Reading starts ``lookback`` before ``since`` so that rollouts which
 began earlier are folded whole. Under rules that deliver traces
 (``delivery_mode="traces"``) it also counts traces per kind, and masked traces
 per kind (``traces`` in the dict); under other rules that key is absent.
+
+Given the policy versions' announcements (the policy-versions topic), it also
+judges every rollout's policy staleness (``consumers.rebuild.staleness``) against
+the version current when the rollout froze (the announcements made by then:
+``announced_at`` <= ``frozen_at``; one without a time counts from the start), as
+a live consumer delivering it at once would, and reports a histogram
+(``staleness`` in the dict: ``histogram`` of versions behind -> rollouts,
+``unknown``, and ``stale`` beyond ``max_staleness``). With ``max_staleness`` the
+rollouts are masked as the consumer would mask them, so ``stale_policy`` and
+``unknown_policy_version`` show among the mask reasons. Without announcements
+the key is absent and nothing changes.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from consumers.replay.eventlog import EventLog
 from consumers.rebuild import RebuildRules, rebuild
+from consumers.rebuild.staleness import StalenessCheck, apply_staleness, check_staleness
 from consumers.replay.explain import kind_counts, kind_order
 from processors.replay import replay
-from schemas.records import RebuiltRollout, Snapshot
+from schemas.policy_versions import PolicyVersion, VersionBook
+from schemas.records import MaskCode, RebuiltRollout, Snapshot
 
 _VERSION = re.compile(r"/[\w.\-]+$")
 
@@ -42,6 +56,8 @@ class RolloutRow:
     models: list[str]
     traces: dict[str, int] = field(default_factory=dict)  # traces per kind
     masked_traces: dict[str, int] = field(default_factory=dict)  # masked traces per kind
+    staleness: int | None = None  # versions behind the current one at freeze (None: unknown or not judged)
+    judged: bool = False  # staleness was judged (announcements given, loss-bearing tokens)
 
 
 @dataclass(slots=True)
@@ -51,6 +67,8 @@ class Summary:
     delivery_mode: str = "terminal"
     events_scanned: int = 0
     rows: dict[str, RolloutRow] = field(default_factory=dict)
+    versions: bool = False  # announcements were given: staleness was judged
+    max_staleness: int | None = None
 
     def to_dict(self, top: int = 10) -> dict[str, Any]:
         rows = sorted(self.rows.values(), key=lambda r: (r.finished_ms, r.rollout_id))
@@ -76,12 +94,19 @@ class Summary:
         }
         if self.delivery_mode == "traces":
             out["traces"] = _trace_totals(rows)
+        if self.versions:
+            out["staleness"] = _staleness_totals(rows, self.max_staleness)
         return out
 
 
 def summarize(log: EventLog, *, since_ms: int | None, until_ms: int | None, lookback_ms: int = 3_600_000,
-              rules: RebuildRules = RebuildRules(project_response=False)) -> Summary:
-    summary = Summary(since_ms, until_ms, delivery_mode=rules.delivery_mode)
+              rules: RebuildRules = RebuildRules(project_response=False),
+              announcements: Sequence[PolicyVersion] = (), max_staleness: int | None = None) -> Summary:
+    """``announcements``: the policy versions announced (the topic's records); ``max_staleness``: mask as the
+    consumer would (needs announcements: without them every rollout would be ``unknown_policy_version``)."""
+    summary = Summary(since_ms, until_ms, delivery_mode=rules.delivery_mode, versions=bool(announcements),
+                      max_staleness=max_staleness)
+    history = VersionHistory(announcements)
     start = None if since_ms is None else since_ms - lookback_ms
     for partition in range(log.partitions()):
         # Each rollout's state is dropped once it is retired (nothing more can change it).
@@ -89,8 +114,29 @@ def summarize(log: EventLog, *, since_ms: int | None, until_ms: int | None, look
                            forget_retired=True):
             for snapshot in step.snapshots:
                 if since_ms is None or snapshot.frozen_at // 1000 >= since_ms:
-                    summary.rows[snapshot.rollout_id] = _row(snapshot, rebuild(snapshot, rules))
+                    rollout, check = rebuild(snapshot, rules), None
+                    if announcements:  # frozen_at is in microseconds, announced_at in seconds
+                        book = history.at(snapshot.frozen_at / 1e6)
+                        check = check_staleness(rollout, book)
+                        rollout = apply_staleness(rollout, book, max_staleness, "mask", check=check) or rollout
+                    summary.rows[snapshot.rollout_id] = _row(snapshot, rollout, check)
     return summary
+
+
+class VersionHistory:
+    """The book as it stood at a time: the announcements made by then (``announced_at`` 0: from the start)."""
+
+    def __init__(self, announcements: Sequence[PolicyVersion]) -> None:
+        self._ordered = sorted(announcements, key=lambda a: a.announced_at)
+        self._times = [a.announced_at for a in self._ordered]
+        self._books: dict[int, VersionBook] = {}
+
+    def at(self, when_s: float) -> VersionBook:
+        n = bisect.bisect_right(self._times, when_s)
+        book = self._books.get(n)
+        if book is None:
+            book = self._books[n] = VersionBook(self._ordered[:n])
+        return book
 
 
 def _scanned(records: Iterable[Any], until_ms: int | None, summary: Summary) -> Iterator[tuple[bytes, bytes]]:
@@ -102,7 +148,7 @@ def _scanned(records: Iterable[Any], until_ms: int | None, summary: Summary) -> 
         yield record.key or b"", record.value
 
 
-def _row(snapshot: Snapshot, rollout: RebuiltRollout) -> RolloutRow:
+def _row(snapshot: Snapshot, rollout: RebuiltRollout, check: StalenessCheck | None = None) -> RolloutRow:
     calls = [sc.call for sc in snapshot.calls]
     return RolloutRow(
         rollout_id=snapshot.rollout_id,
@@ -116,6 +162,8 @@ def _row(snapshot: Snapshot, rollout: RebuiltRollout) -> RolloutRow:
         models=sorted({c.facts.requested_model or c.model or "unknown" for c in calls}) or ["unknown"],
         traces=kind_counts(rollout.traces),
         masked_traces=kind_counts(rollout.traces, masked=True),
+        staleness=check.staleness if check is not None else None,
+        judged=check is not None and check.loss_bearing,
     )
 
 
@@ -132,6 +180,19 @@ def _trace_totals(rows: list[RolloutRow]) -> dict[str, Any]:
         "masked": sum(masked.values()),
         "rollouts_with_masked_traces": sum(1 for r in rows if r.masked_traces),
         "by_kind": {kind: {"traces": by_kind[kind], "masked": masked[kind]} for kind in ordered},
+    }
+
+
+def _staleness_totals(rows: list[RolloutRow], max_staleness: int | None) -> dict[str, Any]:
+    """``{"histogram": {versions behind: rollouts}, "unknown", "rollouts_judged", "max_staleness", "stale"}``."""
+    judged = [r for r in rows if r.judged]
+    known = Counter(r.staleness for r in judged if r.staleness is not None)
+    return {
+        "rollouts_judged": len(judged),
+        "histogram": {str(k): known[k] for k in sorted(known)},
+        "unknown": sum(1 for r in judged if r.staleness is None),
+        "max_staleness": max_staleness,
+        "stale": sum(1 for r in rows if MaskCode.STALE_POLICY in r.reasons),
     }
 
 
@@ -178,4 +239,12 @@ def render_text(data: dict[str, Any]) -> str:
         lines.append(f"traces (delivery_mode traces): {t['traces']}, {t['masked']} masked "
                      f"(in {t['rollouts_with_masked_traces']} rollout(s))")
         lines += [f"  {kind:<12} {e['traces']:>6} traces  {e['masked']:>6} masked" for kind, e in t["by_kind"].items()]
+    if "staleness" in data:
+        st = data["staleness"]
+        bound = "" if st["max_staleness"] is None else f"; {st['stale']} beyond max_staleness={st['max_staleness']}"
+        lines.append(f"policy staleness at freeze (versions behind the current one), {st['rollouts_judged']} "
+                     f"rollouts judged, {st['unknown']} unknown{bound}:")
+        top = max(st["histogram"].values(), default=0)
+        lines += [f"  {k:>4}  {n:>6}  {'#' * max(1, round(40 * n / top)) if n else ''}"
+                  for k, n in st["histogram"].items()]
     return "\n".join(lines)

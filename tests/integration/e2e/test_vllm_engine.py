@@ -132,6 +132,8 @@ def test_a_pause_mid_stream_records_the_call_aborted_and_the_harness_can_retry(k
         # After the sync the same request succeeds: the harness's retry works.
         retry = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "go"}], max_tokens=4)
         assert retry.choices[0].message is not None
+        stack.finish(rid, {"reward": 1.0})
+        record = stack.wait_rollouts([rid], timeout=90)[rid]
         log = EventLog(kafka_bootstrap, stack.topics.rollout_events)
         try:
             bodies = [e.decode().body for e in log.rollout_events(rid)]
@@ -141,6 +143,9 @@ def test_a_pause_mid_stream_records_the_call_aborted_and_the_harness_can_retry(k
     captured = [b for b in bodies if isinstance(b, CallCaptured)]
     assert [b.reason for b in aborted] == ["aborted"], bodies
     assert len(captured) == 1 and len(captured[0].generation_token_ids) == 4  # only the retry was captured
+    # The retry names the aborted call, so the rollout is delivered (an unretried abort masks aborted_by_update).
+    assert captured[0].facts.retry_of == aborted[0].model_call_id
+    assert record["mask_sample"] is False, record["mask_reasons"]
 
 
 def test_unknown_model_names_and_oversized_max_tokens_are_served(kafka_bootstrap, tmp_path_factory, vllm_engine):
