@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
+import urllib.parse
 
 from schemas.topics import add_topic_options
 
@@ -25,7 +27,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     announce.add_argument("label", help="the version label (as the engine reports it)")
     announce.add_argument("--step", type=int, required=True, help="the trainer's update count (orders versions)")
     announce.add_argument("--weights", default="", help="how the weights reached the engine (free text)")
-    announce.add_argument("--engine", help="also POST the label to this vLLM server's /update_weight_version")
+    announce.add_argument("--engine", help="first POST the label to this vLLM server's /update_weight_version "
+                                           "(served with VLLM_SERVER_DEV_MODE=1)")
+    announce.add_argument("--engine-api-key", default=os.environ.get("VLLM_API_KEY"),
+                          help="bearer token of the engine (default: $VLLM_API_KEY)")
     show = sub.add_parser("show", help="print the announced versions")
     show.add_argument("--json", action="store_true", help="one JSON object per label")
     for sp in (announce, show):
@@ -43,6 +48,7 @@ def main(args: argparse.Namespace) -> int:
         check_bootstrap(args.bootstrap)
         if args.action == "announce":
             PolicyVersion(label=args.label, step=args.step)  # validated before any I/O
+            _check_engine(args.engine)
     except (ValueError, ContractError) as exc:
         print(f"tokentrail versions: invalid arguments: {exc}", file=sys.stderr)
         return EXIT_INVALID
@@ -58,28 +64,17 @@ def main(args: argparse.Namespace) -> int:
 def _announce(args: argparse.Namespace, topic: str) -> int:
     from schemas.kafka.versions import announce_version
 
-    if args.engine:
-        _forward(args.engine.rstrip("/"), args.label)
-    announcement = announce_version(args.bootstrap, args.label, args.step, topic=topic, weights=args.weights)
+    announcement = announce_version(args.bootstrap, args.label, args.step, topic=topic, weights=args.weights,
+                                    engine_url=args.engine, engine_api_key=args.engine_api_key)
     print(json.dumps({"label": announcement.label, "step": announcement.step, "topic": topic,
                       "engine": args.engine or None}))
     return 0
 
 
-def _forward(engine: str, label: str) -> None:
-    import httpx
-
-    from schemas.errors import TransportError
-
-    try:
-        r = httpx.post(f"{engine}/update_weight_version", json={"new_version": label}, timeout=30)
-    except httpx.HTTPError as exc:
-        raise TransportError(f"{engine}/update_weight_version unreachable: {exc}") from exc
-    if r.status_code == 404:
-        raise TransportError(f"{engine} has no /update_weight_version: serve vLLM with VLLM_SERVER_DEV_MODE=1 "
-                             "(or leave out --engine and label the weights with finish_weight_update)")
-    if r.status_code >= 400:
-        raise TransportError(f"{engine}/update_weight_version refused {label!r}: {r.status_code} {r.text[:300]}")
+def _check_engine(url: str | None) -> None:
+    parts = urllib.parse.urlsplit(url or "")
+    if url is not None and (parts.scheme not in ("http", "https") or not parts.netloc):
+        raise ValueError(f"--engine={url!r}: must be the engine's base URL, http(s)://host:port")
 
 
 def _show(args: argparse.Namespace, topic: str) -> int:

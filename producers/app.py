@@ -181,7 +181,12 @@ class Interceptor:
             return Response(self.metrics.render(), media_type=self.metrics.content_type)
         svc = self._services
         if path == "/healthz":
-            return http.json_response({"status": "ok", "spooled": svc.core.writer.spooled if svc else 0})
+            # The version the next call is recorded under, and whence (announced: the topic; admin: the route).
+            clock = svc.core.clock if svc else None
+            return http.json_response({"status": "ok", "spooled": svc.core.writer.spooled if svc else 0,
+                                       "policy_version": clock.label if clock else None,
+                                       "policy_version_origin": (clock.origin or None) if clock else None,
+                                       "following_versions": self._versions is not None})
         if svc is None:
             return self.error_for(path, 503, _STARTING, "capture_unavailable")
         if is_control(path):

@@ -1,51 +1,127 @@
 """The policy-versions topic on Kafka: announce a version, follow the announcements.
 
 ``announce_version`` publishes one ``PolicyVersion`` (Avro, keyed by its label) with ``acks=all``
-and returns once the broker acknowledged it. ``VersionFollower`` reads the topic from its start
-in a background thread, without a consumer group (nothing is committed: every follower folds
-the whole compacted topic), into a ``VersionBook`` and calls ``on_change`` callbacks, from its
-thread, when the current version changes. A record it cannot decode is logged and skipped: the
-follower never stops on content. ``wait_caught_up`` returns once everything published before it
-started was read.
+and returns once the broker acknowledged it. With ``engine_url`` it first hands the label to the
+engine (vLLM's dev-mode ``POST /update_weight_version``), so the topic never names a version the
+engine refused; an engine that answers 404 was started without ``VLLM_SERVER_DEV_MODE=1``. It
+never creates the topic: a missing one is an ``AnnounceFailed`` naming `tokentrail topics` (an
+auto-created topic would be neither compacted nor single-partition). Every failure is an
+``AnnounceFailed`` (a ``TransportError``) naming the engine or the broker and topic.
+
+``VersionFollower`` reads the topic from its start in a background thread, without a consumer
+group (nothing is committed: every follower folds the whole compacted topic), into a
+``VersionBook`` and calls ``on_change`` callbacks, from its thread, when the current version
+changes. A record it cannot decode (or a tombstone) is logged and skipped: the follower never
+stops on content. ``wait_caught_up`` returns once everything published before ``start`` was read.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 import confluent_kafka
 
 from schemas.codec import policy_version_codec
-from schemas.errors import CodecError, ContractError, TransportError
-from schemas.kafka.bridge import AckedProducer, PublishFailed
+from schemas.errors import TransportError
+from schemas.kafka.bridge import AckedProducer, PublishFailed, admin_client
 from schemas.kafka.config import QUIET_LOGGER, consumer_config, producer_config
 from schemas.policy_versions import PolicyVersion, VersionBook
-from schemas.topics import POLICY_VERSIONS
+from schemas.topics import POLICY_VERSIONS, TopicsUnavailable, topic_names, wait_for_topics
 
-__all__ = ["VersionFollower", "announce_version"]
+__all__ = ["UPDATE_WEIGHT_VERSION_PATH", "AnnounceFailed", "VersionFollower", "announce_version", "label_engine"]
 
 log = logging.getLogger("tokentrail.versions")
 
+UPDATE_WEIGHT_VERSION_PATH = "/update_weight_version"  # vLLM, registered only under VLLM_SERVER_DEV_MODE=1
+
+
+class AnnounceFailed(TransportError):
+    """The engine refused the label, or the broker did not acknowledge the announcement."""
+
 
 def announce_version(bootstrap: str, label: str, step: int, *, topic: str = POLICY_VERSIONS, weights: str = "",
+                     engine_url: str | None = None, engine_api_key: str | None = None,
                      timeout_s: float = 30.0) -> PolicyVersion:
-    """Publish ``label`` as the current version (the trainer's ``step``); ``TransportError`` unless acked."""
+    """Publish ``label`` as the current version (the trainer's ``step``), after labelling the engine.
+
+    ``ContractError`` (before any I/O) for an invalid label or step; ``AnnounceFailed`` unless the
+    engine (when given) took the label and the broker acknowledged the record.
+    """
     announcement = PolicyVersion(label=label, step=step, announced_at=time.time(), weights=weights)
-    producer = AckedProducer(producer_config(bootstrap, extra={"logger": QUIET_LOGGER}),
-                             name="tokentrail-versions")
+    value = policy_version_codec().encode(announcement)
+    if engine_url:
+        label_engine(engine_url, label, api_key=engine_api_key, timeout_s=timeout_s)
+    where = f"announcing policy version {label!r} (step {step}) on {topic} at {bootstrap}"
     try:
-        producer.produce_sync(topic, label.encode("utf-8"), policy_version_codec().encode(announcement),
-                              timeout_s=timeout_s)
+        # The metadata of all topics never auto-creates one (a metadata request for `topic` would).
+        wait_for_topics(admin_client(bootstrap), [topic], bootstrap=bootstrap, names=_names_of(topic),
+                        timeout=min(timeout_s, 10.0))
+    except (TopicsUnavailable, TransportError) as exc:
+        raise AnnounceFailed(f"{where} failed: {exc}") from exc
+    # Belt and braces: a topic deleted after the check is not re-created with the broker's defaults.
+    config = producer_config(bootstrap, extra={"logger": QUIET_LOGGER, "allow.auto.create.topics": False})
+    producer = AckedProducer(config, name="tokentrail-versions")
+    try:
+        producer.produce_sync(topic, label.encode("utf-8"), value, timeout_s=timeout_s)
     except PublishFailed as exc:
-        raise TransportError(f"announcing policy version {label!r} (step {step}) on {topic} at {bootstrap} "
-                             f"failed: {exc}; check the broker and that the topic exists (`tokentrail topics`)") from exc
+        raise AnnounceFailed(f"{where} failed: {exc}; check the broker and that the topic exists "
+                             "(`tokentrail topics`)") from exc
     finally:
         producer.close_sync(5.0)
     return announcement
+
+
+def label_engine(engine_url: str, label: str, *, api_key: str | None = None, timeout_s: float = 30.0) -> None:
+    """``POST {"new_version": label}`` to the engine's ``/update_weight_version``; ``AnnounceFailed`` unless 2xx."""
+    url = engine_url.rstrip("/") + UPDATE_WEIGHT_VERSION_PATH
+    request = urllib.request.Request(url, data=json.dumps({"new_version": label}).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 (an operator's URL)
+            response.read()
+    except urllib.error.HTTPError as exc:
+        detail = exc.read()[:300].decode("utf-8", "replace")
+        if exc.code == 404:
+            raise AnnounceFailed(f"{url} answered 404: the engine runs without VLLM_SERVER_DEV_MODE=1, so it has "
+                                 "no /update_weight_version; restart it with VLLM_SERVER_DEV_MODE=1, or announce "
+                                 "without the engine and label its weights another way") from exc
+        raise AnnounceFailed(f"{url} refused the label {label!r}: HTTP {exc.code} {detail}") from exc
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise AnnounceFailed(f"{url} unreachable: {exc}; check the engine URL") from exc
+
+
+def _watermarks(consumer: Any, tp: Any, *, deadline: float) -> tuple[int, int]:
+    """``get_watermark_offsets``, retried while the broker reports a retriable error.
+
+    Why: right after the topic is created its leader may not be elected yet, and the broker answers
+    NOT_LEADER_FOR_PARTITION / LEADER_NOT_AVAILABLE for a moment (seen in CI); only a non-retriable
+    error, or one that outlasts ``deadline``, is raised.
+    """
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=10)
+        except confluent_kafka.KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            retriable = getattr(error, "retriable", lambda: False)() or getattr(error, "code", lambda: None)() in (
+                confluent_kafka.KafkaError.NOT_LEADER_FOR_PARTITION, confluent_kafka.KafkaError.LEADER_NOT_AVAILABLE,
+                confluent_kafka.KafkaError.UNKNOWN_TOPIC_OR_PART)
+            if not retriable or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _names_of(topic: str) -> Any:
+    # For the missing-topic message: the `tokentrail topics` command for this topic's prefix.
+    return topic_names(topic.removesuffix(POLICY_VERSIONS)) if topic.endswith(POLICY_VERSIONS) else topic_names()
 
 
 class VersionFollower:
@@ -69,12 +145,18 @@ class VersionFollower:
 
     def start(self) -> VersionFollower:
         """Assign every partition from its start and begin following; TransportError if the topic is unknown."""
-        config = consumer_config(self.bootstrap, "tokentrail-versions-follower", extra={"logger": QUIET_LOGGER})
+        config = consumer_config(self.bootstrap, "tokentrail-versions-follower",
+                                 extra={"logger": QUIET_LOGGER, "allow.auto.create.topics": False})
         try:
             consumer = confluent_kafka.Consumer(config)
-            metadata = consumer.list_topics(self.topic, timeout=10)
         except confluent_kafka.KafkaException as exc:
             raise TransportError(f"cannot read {self.topic} at {self.bootstrap}: {exc}") from exc
+        try:
+            metadata = consumer.list_topics(self.topic, timeout=10)  # a consumer never auto-creates it
+        except confluent_kafka.KafkaException as exc:
+            consumer.close()
+            raise TransportError(f"cannot read {self.topic} at {self.bootstrap}: {exc}; check the bootstrap "
+                                 "and that the broker is up") from exc
         info = metadata.topics.get(self.topic)
         if info is None or info.error is not None or not info.partitions:
             consumer.close()
@@ -82,10 +164,14 @@ class VersionFollower:
                                  "`tokentrail topics`")
         parts = [confluent_kafka.TopicPartition(self.topic, p, confluent_kafka.OFFSET_BEGINNING)
                  for p in sorted(info.partitions)]
-        for tp in parts:
-            low, high = consumer.get_watermark_offsets(tp, timeout=10)
-            if high > low:
-                self._ends[tp.partition] = high
+        try:
+            for tp in parts:
+                low, high = _watermarks(consumer, tp, deadline=time.monotonic() + 30.0)
+                if high > low:
+                    self._ends[tp.partition] = high
+        except confluent_kafka.KafkaException as exc:
+            consumer.close()
+            raise TransportError(f"cannot read the end offsets of {self.topic} at {self.bootstrap}: {exc}") from exc
         consumer.assign(parts)
         self._consumer = consumer
         if not self._ends:
@@ -120,9 +206,11 @@ class VersionFollower:
                 log.warning("policy-versions follower: %s", msg.error())
                 continue
             self._note_position(msg.partition(), msg.offset())
+            if msg.value() is None:  # a tombstone (a label deleted by hand): nothing to fold
+                continue
             try:
                 announcement = codec.decode(msg.value())
-            except (CodecError, ContractError) as exc:
+            except Exception as exc:  # CodecError, ContractError, or worse: content never stops the follower
                 self.skipped += 1
                 log.warning("policy-versions record at offset %s skipped: %s", msg.offset(), exc)
                 continue

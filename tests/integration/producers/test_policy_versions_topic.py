@@ -12,6 +12,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 import uuid
 
 import httpx
@@ -94,6 +95,9 @@ async def test_a_running_interceptor_follows_announcements(kafka_bootstrap, topi
             await asyncio.sleep(0.1)
         assert (app.core.clock.label, app.core.clock.origin) == ("step-7", "announced")
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://tt") as http:
+            health = (await http.get("/healthz")).json()
+            assert (health["policy_version"], health["policy_version_origin"], health["following_versions"]) \
+                == ("step-7", "announced", True)
             r = await http.post("/ng-rollout/pv-1/training-token-capture/v1/chat/completions",
                                 json={"model": "tokentrail-policy", "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 200, r.text
@@ -102,3 +106,42 @@ async def test_a_running_interceptor_follows_announcements(kafka_bootstrap, topi
         assert [s.version for s in call.facts.version_spans] == ["step-7"]
     finally:
         await app.shutdown()
+
+
+def test_announcing_on_a_missing_topic_fails_naming_the_fix_and_creates_nothing(kafka_bootstrap):
+    from schemas.kafka.versions import AnnounceFailed, announce_version
+
+    topic = topic_names(f"absent{uuid.uuid4().hex[:8]}.").policy_versions
+    with pytest.raises(AnnounceFailed, match="tokentrail topics") as exc:
+        announce_version(kafka_bootstrap, "v1", 1, topic=topic, timeout_s=2)
+    assert topic in str(exc.value) and kafka_bootstrap in str(exc.value)
+    # The dev broker auto-creates topics: an announcement must not leave a non-compacted one behind.
+    assert topic not in admin_client(kafka_bootstrap).list_topics(timeout=10).topics
+
+
+def test_the_follower_skips_what_it_cannot_decode_and_keeps_following(kafka_bootstrap, topics):
+    from schemas.kafka.bridge import AckedProducer
+    from schemas.kafka.config import producer_config
+    from schemas.kafka.versions import announce_version
+
+    _, names = topics
+    producer = AckedProducer(producer_config(kafka_bootstrap), name="test-garbage")
+    try:
+        producer.produce_sync(names.policy_versions, b"junk", b"\x00not avro", timeout_s=30)
+        producer.produce_sync(names.policy_versions, b"gone", None, timeout_s=30)  # type: ignore[arg-type]
+    finally:
+        producer.close_sync(5)
+    announce_version(kafka_bootstrap, "v3", 3, topic=names.policy_versions)
+    changes = []
+    follower = VersionFollower(kafka_bootstrap, names.policy_versions, on_change=changes.append).start()
+    try:
+        assert follower.wait_caught_up(30)
+        assert follower.skipped == 1 and follower.book.current_label == "v3"
+        announce_version(kafka_bootstrap, "v4", 4, topic=names.policy_versions)
+        for _ in range(100):
+            if len(changes) == 2:
+                break
+            time.sleep(0.1)
+        assert [c.label for c in changes] == ["v3", "v4"]
+    finally:
+        follower.close()
