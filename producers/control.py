@@ -57,7 +57,11 @@ async def handle_control(svc: CaptureServices, request: Request, path: str, raw_
                                        f"{MAX_POLICY_VERSION_CHARS} characters, or null, got {json_type(version)}"
                                        f"{'' if isinstance(version, (dict, list)) else ' ' + repr(version)[:80]}",
                                   "invalid_request_error")
-        svc.core.clock.set_admin(None if version is None else str(version))
+        try:
+            svc.core.clock.set_admin(None if version is None else str(version))
+        except ContractError as exc:  # "" (the unknown version) or a step out of range
+            return error_response(400, f"field 'version': {exc}; send a non-empty label, or null to clear it",
+                                  "invalid_request_error")
         return json_response({"policy_version": svc.core.clock.label})
     return error_response(404, f"no control route {request.method} {path!r}", "not_found")
 

@@ -181,6 +181,13 @@ async def test_admin_policy_version_is_used_when_the_engine_reports_none(interce
     assert publisher.events[-1].body.facts.policy_version_source == "admin"
 
 
+async def test_an_empty_admin_policy_version_is_a_400_naming_the_field(interceptor):
+    # "" is the unknown version (a span the trainer must not learn from): refused, never a 5xx.
+    r = await interceptor.post("/tokentrail/admin/policy-version", json={"version": ""},
+                               headers={"authorization": "Bearer s3cret"})
+    assert r.status_code == 400 and "'version'" in r.text and "non-empty" in r.text, r.text
+
+
 @pytest.mark.parametrize("api", [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
                                  ("/v1/messages", {"max_tokens": 9, "messages": [{"role": "user", "content": "hi"}]})])
 async def test_a_second_choice_in_the_stream_is_refused_not_dropped(interceptor, upstream, publisher, api):
