@@ -30,6 +30,19 @@ def vllm_engine(tmp_path_factory) -> Iterator[VllmEngine]:
         yield engine
 
 
+@pytest.fixture(scope="session")
+def vllm_random_engine(tmp_path_factory) -> Iterator[VllmEngine]:
+    """Real vLLM on the random checkpoint (no two samples alike), max_model_len 32768, dev-mode routes on.
+
+    Shared, to start one engine fewer per module: a test that pushes weights or sets the label
+    puts the served weights back before it ends (the label may differ from "default").
+    """
+    require_vllm()
+    with VllmEngine(tmp_path_factory.mktemp("vllm-random"), variant="random",
+                    env={"VLLM_SERVER_DEV_MODE": "1"}) as engine:
+        yield engine
+
+
 @pytest.fixture(scope="module", params=UPSTREAMS)
 def upstream(request) -> str | None:
     """None: spawn the reference server; else the URL of the running real engine."""

@@ -24,22 +24,18 @@ import httpx
 import pytest
 
 from compose.vllm_engine import weights
-from compose.vllm_engine.engine import SERVED_NAME, VllmEngine, checkpoint, score_prompt
+from compose.vllm_engine.engine import SERVED_NAME, checkpoint, score_prompt
 from compose.vllm_engine.weights import (MECHANISM, WeightPushError, is_paused, push_weights, read_safetensors,
                                          weight_info)
-from tests.integration.engines import require_vllm
 
 pytestmark = [pytest.mark.vllm]
 
 PROMPT = list(range(100, 120))
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    require_vllm()
-    with VllmEngine(tmp_path_factory.mktemp("vllm"), variant="random", max_model_len=4096,
-                    env={"VLLM_SERVER_DEV_MODE": "1"}) as running:
-        yield running
+@pytest.fixture
+def engine(vllm_random_engine):
+    return vllm_random_engine  # tests/integration/conftest.py: shared, weights put back by whoever changes them
 
 
 def greedy(url: str) -> tuple[list[int], list[float]]:
@@ -58,7 +54,7 @@ def observed(url: str) -> tuple[list[float], tuple[list[int], list[float]]]:
 
 def test_pushed_weights_serve_the_next_requests_and_the_label_follows(engine):
     url, served = engine.url, checkpoint("random")
-    assert weight_info(url) == "default"
+    assert weight_info(url) != "step-1"  # "default" on a fresh engine; the shared one may carry a label
     before = observed(url)
 
     perturbed = read_safetensors(served / "model.safetensors")

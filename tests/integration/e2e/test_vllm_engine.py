@@ -13,22 +13,18 @@ import pytest
 
 from compose.harness import WEATHER_TOOL
 from compose.stack import LocalStack
-from compose.vllm_engine.engine import VllmEngine, score_prompt
+from compose.vllm_engine.engine import score_prompt
 from consumers.replay.eventlog import EventLog
 from schemas.records import CallCaptured, CallIncomplete
-from tests.integration.engines import require_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker, pytest.mark.vllm]
 
 TURNS = ("Tell me a story.", "And then?", "How does it end?")
 
 
-@pytest.fixture(scope="module")
-def random_engine(tmp_path_factory):
-    require_vllm()
-    with VllmEngine(tmp_path_factory.mktemp("vllm-random"), variant="random",
-                    env={"VLLM_SERVER_DEV_MODE": "1"}) as engine:
-        yield engine
+@pytest.fixture
+def random_engine(vllm_random_engine):
+    return vllm_random_engine  # tests/integration/conftest.py: shared, weights put back by whoever changes them
 
 
 def _stack(kafka_bootstrap, tmp_path_factory, engine, *intercept_args: str) -> LocalStack:

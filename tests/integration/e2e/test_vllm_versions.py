@@ -6,12 +6,17 @@ vLLM 0.32's chat route reports no per-token versions, so the interceptor splits 
 the announced version changed. The proof that the split is at the right token is in the log-probs:
 every token before it scores exactly (bit-equal) under the old weights, every token after it under
 the new ones, and the two weight sets give different values.
+
+The stream is bounded (``MAX_TOKENS``, client timeout) and a failed sync resumes the engine, so a
+fault here fails the test instead of freezing the stream (a 20,000-token stream once ran out CI's clock).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -19,27 +24,29 @@ import openai
 import pytest
 
 from compose.stack import LocalStack
-from compose.vllm_engine.engine import VllmEngine, score_prompt
-from compose.vllm_engine.weights import push_weights, read_safetensors
-from tests.integration.engines import require_vllm
+from compose.vllm_engine.engine import score_prompt
+from compose.vllm_engine.weights import push_weights, read_safetensors, resume, write_safetensors
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker, pytest.mark.vllm]
 
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    require_vllm()
-    with VllmEngine(tmp_path_factory.mktemp("vllm-versions"), variant="random",
-                    env={"VLLM_SERVER_DEV_MODE": "1"}) as served:
-        yield served
+# Enough tokens to outlast the pause: vLLM's /pause lands between engine steps, and on 2 busy
+# cores it was seen to take up to ~15 s (~2,000 tokens at this model's ~130 tokens/s); few enough
+# that the stream and its rescoring take about a minute and a half, not CI's clock.
+MAX_TOKENS = 10_000
 
 
-def _weights(engine_url: str) -> dict[str, np.ndarray]:
-    root = httpx.get(f"{engine_url}/v1/models", timeout=30).json()["data"][0]["root"]
-    from pathlib import Path
+@pytest.fixture
+def engine(vllm_random_engine):
+    return vllm_random_engine  # tests/integration/conftest.py: shared, weights put back by whoever changes them
 
+
+def _served_dir(engine_url: str) -> Path:
+    return Path(httpx.get(f"{engine_url}/v1/models", timeout=30).json()["data"][0]["root"])
+
+
+def _weights(directory: Path) -> dict[str, np.ndarray]:
     tensors: dict[str, np.ndarray] = {}
-    for path in sorted(Path(root).glob("*.safetensors")):
+    for path in sorted(directory.glob("*.safetensors")):
         tensors.update(read_safetensors(path))
     return tensors
 
@@ -65,20 +72,24 @@ def _announce(stack: LocalStack):
     return announce
 
 
-def _stream_across_a_sync(stack: LocalStack, engine, rid: str, mode: str, new: dict) -> str:
+def _stream_across_a_sync(stack: LocalStack, engine, rid: str, mode: str, new: Path) -> str:
     """One streamed call; at its first chunk the trainer pushes ``new`` as "v1" with ``/pause?mode=mode``."""
     _announce(stack)("v0")
-    client = openai.OpenAI(base_url=stack.capture_base_url(rid), api_key="unused", max_retries=0, timeout=600)
+    client = openai.OpenAI(base_url=stack.capture_base_url(rid), api_key="unused", max_retries=0, timeout=180)
     stream = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "go"}],
-                                            max_tokens=20000, stream=True, extra_body={"ignore_eos": True})
-    synced, failures, parts, finishes = threading.Event(), [], [], []
+                                            max_tokens=MAX_TOKENS, stream=True, extra_body={"ignore_eos": True})
+    synced, failures, parts, finishes, took = threading.Event(), [], [], [], []
 
     def sync() -> None:
+        started = time.monotonic()
         try:
             push_weights(engine.url, new, "v1", pause_mode=mode, announce=_announce(stack))
         except Exception as exc:  # surfaced below
             failures.append(exc)
-        synced.set()
+            resume(engine.url)  # push_weights leaves a failed sync paused; the frozen stream must end
+        finally:
+            took.append((time.monotonic() - started, len(parts)))
+            synced.set()
 
     for chunk in stream:
         if not synced.is_set() and not parts:
@@ -88,12 +99,14 @@ def _stream_across_a_sync(stack: LocalStack, engine, rid: str, mode: str, new: d
             if c.finish_reason:
                 finishes.append(c.finish_reason)
     assert synced.wait(120) and not failures, failures
+    (seconds, seen), = took
+    assert seen < len(parts), f"the stream ended before the sync ({seconds:.1f} s): the pause landed too late"
     assert finishes == ["length"], finishes  # one answer, whole: the harness never saw the sync
     stack.finish(rid, {"reward": 1.0})
     return "".join(parts)
 
 
-def _assert_split_is_exact(engine_url: str, record: dict, old: dict, new: dict) -> None:
+def _assert_split_is_exact(engine_url: str, record: dict, old: Path, new: Path) -> None:
     traj = record["trajectory"]
     (span,) = traj["spans"]
     versions = span["version_spans"]
@@ -126,8 +139,9 @@ def _assert_split_is_exact(engine_url: str, record: dict, old: dict, new: dict) 
 @pytest.mark.parametrize(("mode", "policy"), [("keep", "mask"), ("abort", "continue")])
 def test_a_stream_across_a_weight_update_has_two_version_spans_at_the_right_token(
         kafka_bootstrap, tmp_path_factory, engine, mode, policy):
-    old = _weights(engine.url)
-    new = _perturbed(old)
+    old = _served_dir(engine.url)  # the served checkpoint
+    new = tmp_path_factory.mktemp("v1-weights")
+    write_safetensors(new / "model.safetensors", _perturbed(_weights(old)))
     with _stack(kafka_bootstrap, tmp_path_factory, engine, "--abort-policy", policy) as stack:
         rid = f"sync-{mode}-{uuid.uuid4().hex[:6]}"
         text = _stream_across_a_sync(stack, engine, rid, mode, new)
