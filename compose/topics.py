@@ -1,9 +1,9 @@
 """Create tokentrail's topics on a broker, idempotently, and fill one in bulk.
 
-Guarantees: after `ensure_topics` returns, the five topics exist (created now, or
+Guarantees: after `ensure_topics` returns, the six topics exist (created now, or
 already there: their existing settings are left alone); rollout-events keeps a week of
 history so replay works, and snapshots/rebuilt accept messages up to
-``schemas.topics.MAX_MESSAGE_BYTES``; policy-versions is compacted, with one partition. Any failure is a `TopicError` naming the topic,
+``schemas.topics.MAX_MESSAGE_BYTES`` (rebuilt-groups too); policy-versions is compacted, with one partition. Any failure is a `TopicError` naming the topic,
 the broker and the reason. `produce_all` returns only once Kafka acknowledged every
 record (benchmarks and tests publish their workloads with it).
 """
@@ -34,6 +34,7 @@ def topic_configs(names: TopicNames) -> dict[str, dict[str, str]]:
         names.rollout_events: {"retention.ms": str(ROLLOUT_EVENTS_RETENTION_MS), **big},
         names.snapshots: dict(big),
         names.rebuilt: dict(big),
+        names.rebuilt_groups: dict(big),  # a group holds all its members' records
         # Dead letters carry the undecodable event itself, so they can be as large as one.
         names.deadletter: dict(big),
         # One record per label, the latest kept: the whole history of versions stays small.

@@ -28,7 +28,8 @@ EXIT_TOPICS_UNAVAILABLE = 4
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
     parser.add_argument("--group-id", default="tokentrail-consumer")
-    parser.add_argument("--sink", default="jsonl", help="'jsonl', 'kafka' or module:Class of a TrainerSink")
+    parser.add_argument("--sink", default="jsonl", help="'jsonl', 'kafka', 'kafka-groups' (one record per GRPO group) or module:Class of a "
+                             "TrainerSink")
     parser.add_argument("--sink-path", help="JSONL file (for --sink jsonl)")
     parser.add_argument("--sink-kwargs", default="{}", help="JSON object of keyword arguments for the sink")
     parser.add_argument("--no-response", action="store_true", help="skip the Responses projection")
@@ -59,6 +60,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from consumers.settings import ConsumerSettings
+    from consumers.sinks.plugin import KAFKA_SINK_TOPICS
     from schemas.errors import ConfigError
     from schemas.topics import topic_names
 
@@ -74,9 +76,9 @@ def main(args: argparse.Namespace) -> int:
         topics = topic_names(args.topic_prefix)
         if args.sink_path:
             kwargs["path"] = args.sink_path
-        if args.sink == "kafka":
+        if args.sink in KAFKA_SINK_TOPICS:  # the built-in Kafka sinks write to this cluster, prefixed
             kwargs.setdefault("bootstrap", args.bootstrap)
-            kwargs.setdefault("topic", topics.rebuilt)
+            kwargs.setdefault("topic", getattr(topics, KAFKA_SINK_TOPICS[args.sink]))
         settings = ConsumerSettings(bootstrap=args.bootstrap, group_id=args.group_id, sink=args.sink,
                                     sink_kwargs=kwargs, project_response=not args.no_response, rules=rules,
                                     max_mask_fraction=args.max_mask_fraction,

@@ -50,7 +50,7 @@ from consumers.offsets import OffsetTracker
 from consumers.rebuild import rebuild
 from consumers.settings import ConsumerSettings
 from consumers.staleness_gate import StalenessGate
-from consumers.sinks.plugin import TrainerSink
+from consumers.sinks.plugin import KAFKA_SINK_TOPICS, TrainerSink
 from schemas.codec import decode_snapshot, encode_event
 from schemas.errors import ConfigError, ContractError, TokentrailError, TransportError
 from schemas.ids import new_event_id
@@ -86,10 +86,10 @@ def required_topics(settings: ConsumerSettings) -> list[str]:
     """The topics a consumer with ``settings`` reads and writes on ``settings.bootstrap``.
 
     Snapshots (read), dead letters, rollout-events when it retires, policy-versions when
-    ``max_staleness`` is set, and the topic of the
-    Kafka sink the settings build (``sink="kafka"`` with ``sink_kwargs`` naming this
-    cluster's bootstrap and the topic, as `tokentrail consume` passes them); a sink object
-    built some other way is the caller's to check.
+    ``max_staleness`` is set, and the topic of the built-in Kafka sink the settings build
+    (``sink`` "kafka" or "kafka-groups" with ``sink_kwargs`` naming this cluster's bootstrap
+    and the topic, as `tokentrail consume` passes them); a sink object built some other way
+    is the caller's to check.
     """
     topics = [settings.topics.snapshots, settings.topics.deadletter]
     if settings.retire:
@@ -97,7 +97,7 @@ def required_topics(settings: ConsumerSettings) -> list[str]:
     if settings.max_staleness is not None:  # the bound cannot be checked without the versions
         topics.append(settings.topics.policy_versions)
     kwargs = settings.sink_kwargs
-    if settings.sink == "kafka" and kwargs.get("bootstrap") == settings.bootstrap and kwargs.get("topic"):
+    if settings.sink in KAFKA_SINK_TOPICS and kwargs.get("bootstrap") == settings.bootstrap and kwargs.get("topic"):
         topics.append(str(kwargs["topic"]))
     return topics
 

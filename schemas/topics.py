@@ -22,6 +22,8 @@ REBUILT = "tokentrail.rebuilt"
 DEADLETTER = "tokentrail.deadletter"
 # The trainer's announcements of policy versions: compacted, keyed by label, one partition (ordered).
 POLICY_VERSIONS = "tokentrail.policy-versions"
+# The grouped trainer sink's output (consumers.sinks.kafka_groups): one record per GRPO group.
+REBUILT_GROUPS = "tokentrail.rebuilt-groups"
 
 DEFAULT_PARTITIONS = 4
 # Rollout events are the replayable source of truth: keep them a week.
@@ -40,6 +42,7 @@ class TopicNames:
     rebuilt: str = REBUILT
     deadletter: str = DEADLETTER
     policy_versions: str = POLICY_VERSIONS
+    rebuilt_groups: str = REBUILT_GROUPS
 
 
 def key_for(rollout_id: str) -> bytes:
@@ -56,6 +59,7 @@ def topic_names(prefix: str = "") -> TopicNames:
         rebuilt=prefix + base.rebuilt,
         deadletter=prefix + base.deadletter,
         policy_versions=prefix + base.policy_versions,
+        rebuilt_groups=prefix + base.rebuilt_groups,
     )
 
 
@@ -150,7 +154,8 @@ def wait_for_topics(admin: Any, required: Iterable[str], *, bootstrap: str, name
             + (f" ({last_error})" if last_error else "")
             + ": check --bootstrap, or start a broker (`tokentrail kafka up`) and create the topics with "
             f"`{topics_command(bootstrap, names, partitions)}`", tuple(wanted))
-    standard = ({names.rollout_events, names.snapshots, names.rebuilt, names.deadletter, names.policy_versions}
+    standard = ({names.rollout_events, names.snapshots, names.rebuilt, names.deadletter, names.policy_versions,
+                 names.rebuilt_groups}
                 if topic_prefix(names) is not None else set())
     others = [t for t in missing if t not in standard]
     listed = ", ".join(f"{t} ({errors[t]})" if t in errors else t for t in missing)

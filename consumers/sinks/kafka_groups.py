@@ -3,7 +3,7 @@
 ``GroupedKafkaSink`` (built-in name ``kafka-groups``) groups rebuilt rollouts by
 the rule of ``consumers.sinks.grouping`` (the in-process stream's rule) and
 writes each emitted group as one record on ``topic`` (default
-``tokentrail.rebuilt-groups``), keyed by the UTF-8 group key (a group of one:
+``tokentrail.rebuilt-groups``, created by `tokentrail topics`), keyed by the UTF-8 group key (a group of one:
 its rollout id), produced idempotently with ``acks=all``. The value is one
 UTF-8 JSON object:
 
@@ -60,13 +60,12 @@ from schemas.kafka.bridge import AckedProducer
 from schemas.kafka.config import producer_config
 from schemas.kafka.framing import value_limit
 from schemas.records import MaskCode, MaskReason, RebuiltRollout
-from schemas.topics import MAX_MESSAGE_BYTES, key_for
+from schemas.topics import MAX_MESSAGE_BYTES, REBUILT_GROUPS, key_for
 
 __all__ = ["GROUP_FORMAT", "REBUILT_GROUPS", "GroupedKafkaSink", "decode_group", "encode_group"]
 
 log = logging.getLogger("tokentrail.consumer.kafka_groups")
 
-REBUILT_GROUPS = "tokentrail.rebuilt-groups"
 GROUP_FORMAT = "tokentrail.RolloutGroup"
 GROUP_FORMAT_VERSION = 1
 _RECENT = 100_000  # identities remembered to skip in-process redeliveries

@@ -7,16 +7,14 @@ import uuid
 
 import confluent_kafka
 import pytest
-from confluent_kafka.admin import NewTopic
 
 from compose.topics import ensure_topics
 from consumers.loop import RebuildConsumer
 from consumers.settings import ConsumerSettings
 from consumers.sinks.conformance import run_conformance
-from consumers.sinks.kafka_groups import REBUILT_GROUPS, GroupedKafkaSink, decode_group
+from consumers.sinks.kafka_groups import GroupedKafkaSink, decode_group
 from schemas.codec import encode_snapshot
-from schemas.kafka.bridge import admin_client
-from schemas.topics import MAX_MESSAGE_BYTES, topic_names
+from schemas.topics import topic_names
 from tests.factories import finished, incomplete
 from tests.integration.consumers.test_interop_and_sinks import _read_topic
 from tests.unit.consumers.support import child, root, snapshot_of
@@ -26,14 +24,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 
 def _topics(bootstrap: str):
     names = topic_names(f"itg{uuid.uuid4().hex[:8]}.")
-    ensure_topics(bootstrap, names)
-    groups = names.rebuilt.removesuffix("tokentrail.rebuilt") + REBUILT_GROUPS
-    admin = admin_client(bootstrap)  # held until the creation answers (a dropped client cancels it)
-    futures = admin.create_topics(
-        [NewTopic(groups, num_partitions=4, replication_factor=-1,
-                  config={"max.message.bytes": str(MAX_MESSAGE_BYTES)})], operation_timeout=30)
-    futures[groups].result(timeout=35)
-    return names, groups
+    ensure_topics(bootstrap, names)  # `tokentrail topics` creates the groups topic too
+    return names, names.rebuilt_groups
 
 
 def _member(rid: str, reward: float, *, masked: bool = False):

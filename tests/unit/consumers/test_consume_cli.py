@@ -46,3 +46,26 @@ def test_an_unknown_delivery_is_refused_by_name(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--bootstrap", "b", "--delivery", "forest"])
     assert "--delivery" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("sink", "field"), [("kafka", "rebuilt"), ("kafka-groups", "rebuilt_groups")])
+def test_a_built_in_kafka_sink_writes_to_this_cluster_under_the_topic_prefix(monkeypatch, sink, field):
+    from consumers.sinks import plugin
+    from schemas.topics import topic_names
+
+    built = {}
+    monkeypatch.setattr(plugin, "load_sink", lambda target, kwargs: built.update(target=target, kwargs=kwargs))
+
+    async def fake_run(settings, sink, max_rollouts):
+        built["settings"] = settings
+        return 0
+
+    monkeypatch.setattr(cli, "_run", fake_run)
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    assert cli.main(parser.parse_args(["--bootstrap", "127.0.0.1:9", "--sink", sink, "--topic-prefix", "run1."])) == 0
+    topic = getattr(topic_names("run1."), field)
+    assert built["kwargs"] == {"bootstrap": "127.0.0.1:9", "topic": topic}
+    from consumers.loop import required_topics
+
+    assert topic in required_topics(built["settings"])  # the startup check waits for it

@@ -60,6 +60,11 @@ def test_a_kafka_sink_the_settings_build_on_this_cluster_needs_its_topic():
     assert REBUILT not in required_topics(settings(sink="kafka"))
 
 
+def test_the_grouped_kafka_sink_on_this_cluster_needs_the_groups_topic():
+    grouped = settings(sink="kafka-groups", sink_kwargs={"bootstrap": "127.0.0.1:9", "topic": NAMES.rebuilt_groups})
+    assert required_topics(grouped)[-1] == NAMES.rebuilt_groups
+
+
 def test_a_missing_kafka_sink_topic_is_named():
     s = settings(sink="kafka", sink_kwargs={"bootstrap": "127.0.0.1:9", "topic": NAMES.rebuilt})
     with pytest.raises(TopicsUnavailable) as info:
