@@ -2,6 +2,7 @@
 
     tokentrail replay --bootstrap B --rollout ID [--rollout ID ...] [--from T] [--until T]
                       [--rules FILE] [--delivery traces|terminal|gym] [--format text|json]
+                      [--max-staleness K]
     tokentrail replay --bootstrap B --summary [--from T] [--until T] [--rules FILE]
                       [--delivery traces|terminal|gym] [--format text|json] [--html FILE]
                       [--max-staleness K]
@@ -21,10 +22,11 @@ then lists what F, delivering traces, changes (trace counts per kind included)
 and prints that trace tree, and ``--summary --delivery traces`` also counts
 traces and masked traces per kind.
 
-``--summary`` also histograms policy staleness when the policy-versions topic
-holds announcements (each rollout against the version current when it froze);
-``--max-staleness K`` masks as ``tokentrail consume --max-staleness K`` would
-(the topic must then exist).
+When the policy-versions topic holds announcements, each rollout is judged
+against the version current when it froze: ``--rollout`` prints its calls'
+version spans and its staleness, ``--summary`` histograms staleness;
+``--max-staleness K`` masks, in both, as ``tokentrail consume --max-staleness K``
+would (the topic must then exist).
 
 ``tokentrail replay --last-demo`` (``make why``) is ``compose.replay_cli``: finding
 the demo's broker is compose's job, and consumers never import compose.
@@ -55,7 +57,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=["text", "json"], default="text")
     parser.add_argument("--html", type=Path, help="summary: also write an HTML report here")
     parser.add_argument("--max-staleness", type=int, default=None, metavar="K",
-                        help="summary: mask rollouts more than K policy versions behind (as `consume "
+                        help="mask rollouts more than K policy versions behind at freeze (as `consume "
                              "--max-staleness K`; needs the policy-versions topic)")
     parser.add_argument("--topic-prefix", default="", help="prefix of every topic name")
 
@@ -101,11 +103,15 @@ def _rollouts(args, since, until, rules, new_rules) -> int:
     from consumers.replay.rollouts import replay_rollout, rule_changes
     from schemas.topics import topic_names
 
-    log = EventLog(args.bootstrap, topic_names(args.topic_prefix).rollout_events)
+    names = topic_names(args.topic_prefix)
+    judge = _staleness_judge(args, names)
+    log = EventLog(args.bootstrap, names.rollout_events)
     documents = []
     try:
         for rollout_id in args.rollout:
             result = replay_rollout(log, rollout_id, rules=rules, since=since, until=until)
+            if result.rollout is not None and result.snapshot is not None:
+                result.rebuilt[-1] = judge(result.snapshot, result.rollout)
             changes = redecided = None
             if new_rules is not None and result.snapshot is not None:
                 redecided = rebuild(result.snapshot, new_rules)
@@ -137,6 +143,28 @@ def _rollouts(args, since, until, rules, new_rules) -> int:
     return 0
 
 
+def _staleness_judge(args, names):
+    """``(snapshot, rollout) -> rollout`` with its staleness at freeze, as the summary judges it; identity
+    when the versions topic holds no announcement (``--max-staleness`` then needs the topic)."""
+    from consumers.rebuild.staleness import apply_staleness
+    from consumers.replay.summary import VersionHistory
+
+    max_staleness = _max_staleness(args)
+    announcements = read_announcements(args.bootstrap, names.policy_versions, required=max_staleness is not None)
+    if not announcements:
+        return lambda snapshot, rollout: rollout
+    history = VersionHistory(announcements)  # frozen_at is in microseconds, announced_at in seconds
+    return lambda snapshot, rollout: apply_staleness(rollout, history.at(snapshot.frozen_at / 1e6), max_staleness,
+                                                     "mask") or rollout
+
+
+def _max_staleness(args) -> int | None:
+    value = getattr(args, "max_staleness", None)  # absent from a Namespace built by an older caller
+    if value is not None and value < 0:
+        raise ValueError(f"--max-staleness={value} must be >= 0")
+    return value
+
+
 def _summary(args, since, until, rules) -> int:
     from consumers.replay.eventlog import EventLog
     from consumers.replay.rollouts import parse_duration
@@ -147,10 +175,7 @@ def _summary(args, since, until, rules) -> int:
     if since.offset is not None or until.offset is not None:
         print("tokentrail replay: --summary takes times, not offsets", file=sys.stderr)
         return 2
-    max_staleness = getattr(args, "max_staleness", None)
-    if max_staleness is not None and max_staleness < 0:
-        print(f"tokentrail replay: --max-staleness={max_staleness} must be >= 0", file=sys.stderr)
-        return 2
+    max_staleness = _max_staleness(args)
     lookback_s = parse_duration(args.lookback, name="--lookback")
     names = topic_names(args.topic_prefix)
     announcements = read_announcements(args.bootstrap, names.policy_versions, required=max_staleness is not None)

@@ -52,6 +52,7 @@ def explain(result: ReplayResult) -> str:
             status = f" HTTP {m.http_status}" if m.http_status else ""
             lines.append(f"  - call {_short(m.model_call_id)}: {m.reason}{status} {m.route} {_quote(m.detail)}")
     lines += ["", *_delivery(rollout, detail)]
+    lines += versions if (versions := _versions(rollout, detail)) else []
     if rollout.traces:
         lines += ["", *trace_tree(rollout)]
     lines += ["", f"decision: {'MASKED' if rollout.mask_sample else 'deliver (mask_sample: false)'}"]
@@ -167,6 +168,23 @@ def _delivery(rollout: RebuiltRollout, detail: dict[str, Any]) -> list[str]:
             out.append(f"  reported, not trained: {report['label']} ({report['kind']}) "
                        f"{' -> '.join(_short(c) for c in report['call_ids'])}, {report['generated_tokens']} tokens")
     return out
+
+
+def _versions(rollout: RebuiltRollout, detail: dict[str, Any]) -> list[str]:
+    """Each delivered call's policy-version spans and the rollout's staleness, when the records hold them."""
+    out = []
+    for span in rollout.trajectory.spans if rollout.trajectory is not None else []:
+        if span.version_spans:
+            runs = "  ".join(f"{v.version or '?'}[{v.start}:{v.end})" for v in span.version_spans)
+            out.append(f"  call {_short(span.model_call_id)}: {runs} ({span.version_source or 'recorded'})")
+    if "policy_staleness" in detail:  # consumers.rebuild.staleness judged it (replay read the versions topic)
+        if detail["policy_staleness"] is not None:
+            out.append(f"  policy staleness at freeze: {detail['policy_staleness']} version(s) behind (oldest "
+                       f"{detail['oldest_policy_version']!r}, current {detail['current_policy_version']!r})")
+        else:
+            why = detail.get("policy_staleness_unknown") or "no loss-bearing generated tokens"
+            out.append(f"  policy staleness at freeze: unknown ({why})")
+    return ["", "policy versions (trajectory positions)", *out] if out else []
 
 
 def trace_tree(rollout: RebuiltRollout) -> list[str]:

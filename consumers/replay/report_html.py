@@ -3,7 +3,8 @@
 One file, no scripts, no external assets (it is read on machines without a
 network): an inline SVG stacked-bar chart, one bar per time bucket, stacked by
 each rollout's primary mask reason (delivered rollouts in grey); a table of
-traces per kind when the summary counted traces.
+traces per kind when the summary counted traces, and of policy staleness when
+it read the versions topic.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ td,th{{border:1px solid #ddd;padding:4px 8px;text-align:left}} th{{background:#f
 {_table(["rollout", "generated tokens", "calls", "reasons"],
         [[r["rollout_id"], r["generated_tokens"], r["n_calls"], ", ".join(r["reasons"])] for r in data["top_masked"]])}
 {_traces(data)}
+{_staleness(data)}
 <p>Explain one: <code>tokentrail replay --bootstrap HOST:PORT --rollout ID</code></p>
 </body></html>
 """
@@ -91,6 +93,17 @@ def _traces(data: dict[str, Any]) -> str:
     return (f"<h2>Traces (delivery_mode traces)</h2>\n<p>{t['traces']} traces, {t['masked']} masked, "
             f"in {t['rollouts_with_masked_traces']} rollout(s) with masked traces.</p>\n"
             + _table(["kind", "traces", "masked"], rows))
+
+
+def _staleness(data: dict[str, Any]) -> str:
+    """The policy-staleness histogram, only when the summary read announcements (the versions topic)."""
+    if "staleness" not in data:
+        return ""
+    st = data["staleness"]
+    bound = "" if st["max_staleness"] is None else f", {st['stale']} beyond max_staleness={st['max_staleness']}"
+    return (f"<h2>Policy staleness at freeze</h2>\n<p>Versions behind the current one: {st['rollouts_judged']} "
+            f"rollouts judged, {st['unknown']} unknown{html.escape(bound)}.</p>\n"
+            + _table(["versions behind", "rollouts"], [[k, n] for k, n in st["histogram"].items()]))
 
 
 def _rows(breakdown: dict[str, dict[str, Any]]) -> list[list[Any]]:

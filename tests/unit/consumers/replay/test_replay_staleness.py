@@ -40,6 +40,16 @@ def test_the_summary_histograms_staleness_at_freeze_and_masks_beyond_max_stalene
     assert "policy staleness at freeze" in text and "1 beyond max_staleness=1" in text
 
 
+def test_the_html_report_tables_staleness_only_when_judged():
+    from consumers.replay.report_html import render_html
+
+    page = render_html(summarize(log(), since_ms=None, until_ms=None, announcements=ANNOUNCED,
+                                 max_staleness=1).to_dict())
+    assert "Policy staleness at freeze" in page and "1 beyond max_staleness=1" in page
+    assert "<tr><td>2</td><td>1</td></tr>" in page  # one rollout two versions behind
+    assert "Policy staleness" not in render_html(summarize(log(), since_ms=None, until_ms=None).to_dict())
+
+
 def test_without_a_bound_staleness_is_reported_and_nothing_masked():
     data = summarize(log(), since_ms=None, until_ms=None, announcements=ANNOUNCED).to_dict()
     assert data["masked"] == 0 and data["staleness"]["histogram"] == {"0": 1, "1": 1, "2": 1}
@@ -57,3 +67,46 @@ def test_the_history_knows_only_what_was_announced_by_then():
     assert history.at(T0 + 15).step_of("v3") is None  # not announced yet
     assert history.at(T0 + 99).current_label == "v3"
     assert history.at(0).current_label == "v0"  # announced without a time: from the start
+
+
+class _RolloutLog(FakeLog):
+    """A FakeLog that also serves one rollout's records, as EventLog.rollout_events does."""
+
+    def rollout_events(self, rollout_id, *, from_offset=None, from_time_ms=None):
+        return [r for p in self._partitions for r in p if r.key == rollout_id.encode()]
+
+    def close(self):
+        pass
+
+
+def _replay_rollout(monkeypatch, capsys, *argv: str) -> tuple[int, str]:
+    import argparse
+
+    from consumers.replay import cli, eventlog
+
+    monkeypatch.setattr(eventlog, "EventLog", lambda bootstrap, topic: _RolloutLog(log()._partitions))
+    monkeypatch.setattr(cli, "read_announcements", lambda bootstrap, topic, required: ANNOUNCED)
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    rc = cli.main(parser.parse_args(["--bootstrap", "127.0.0.1:9", *argv]))
+    return rc, capsys.readouterr().out
+
+
+def test_a_replayed_rollout_shows_its_version_spans_and_staleness_at_freeze(monkeypatch, capsys):
+    rc, out = _replay_rollout(monkeypatch, capsys, "--rollout", "r-b")
+    assert rc == 0 and "DELIVERABLE" in out
+    assert "v0[2:4) (observed)" in out  # the call's generation (after its 2 prompt tokens), in trajectory positions
+    # r-b froze at T0+25, when v2 was current: two versions behind.
+    assert "policy staleness at freeze: 2 version(s) behind (oldest 'v0', current 'v2')" in out
+
+
+def test_max_staleness_masks_a_replayed_rollout_as_the_consumer_would(monkeypatch, capsys):
+    rc, out = _replay_rollout(monkeypatch, capsys, "--rollout", "r-b", "--rollout", "r-d", "--max-staleness", "1",
+                              "--format", "json")
+    assert rc == 0
+    import json
+
+    docs = {d["rollout_id"]: d["rebuilt"] for d in json.loads(out)}
+    assert [r["code"] for r in docs["r-b"]["mask_reasons"]] == ["stale_policy"]
+    assert docs["r-b"]["_ng_token_capture"]["policy_staleness"] == 2
+    assert [r["code"] for r in docs["r-d"]["mask_reasons"]] == ["unknown_policy_version"]
