@@ -29,7 +29,6 @@ def main(args: argparse.Namespace) -> int:
     except TopicError as exc:
         print(f"tokentrail topics: {exc}", file=sys.stderr)
         return 1
-    for name in (names.rollout_events, names.snapshots, names.rebuilt, names.deadletter, names.policy_versions,
-                 names.rebuilt_groups):
+    for name in names.all():
         print(name)
     return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, fields
 from typing import Any
 
 from schemas.errors import TokentrailError
@@ -44,6 +44,10 @@ class TopicNames:
     policy_versions: str = POLICY_VERSIONS
     rebuilt_groups: str = REBUILT_GROUPS
 
+    def all(self) -> tuple[str, ...]:
+        """Every topic name, in field order (what `tokentrail topics` creates and prints)."""
+        return astuple(self)
+
 
 def key_for(rollout_id: str) -> bytes:
     """The Kafka key of every event of ``rollout_id``."""
@@ -52,15 +56,7 @@ def key_for(rollout_id: str) -> bytes:
 
 def topic_names(prefix: str = "") -> TopicNames:
     """The default names, each prefixed (``"<prefix>tokentrail.rollout-events"``); isolates tests and tenants."""
-    base = TopicNames()
-    return TopicNames(
-        rollout_events=prefix + base.rollout_events,
-        snapshots=prefix + base.snapshots,
-        rebuilt=prefix + base.rebuilt,
-        deadletter=prefix + base.deadletter,
-        policy_versions=prefix + base.policy_versions,
-        rebuilt_groups=prefix + base.rebuilt_groups,
-    )
+    return TopicNames(**{f.name: prefix + f.default for f in fields(TopicNames)})
 
 
 def check_bootstrap(value: str) -> str:
@@ -154,9 +150,7 @@ def wait_for_topics(admin: Any, required: Iterable[str], *, bootstrap: str, name
             + (f" ({last_error})" if last_error else "")
             + ": check --bootstrap, or start a broker (`tokentrail kafka up`) and create the topics with "
             f"`{topics_command(bootstrap, names, partitions)}`", tuple(wanted))
-    standard = ({names.rollout_events, names.snapshots, names.rebuilt, names.deadletter, names.policy_versions,
-                 names.rebuilt_groups}
-                if topic_prefix(names) is not None else set())
+    standard = set(names.all()) if topic_prefix(names) is not None else set()
     others = [t for t in missing if t not in standard]
     listed = ", ".join(f"{t} ({errors[t]})" if t in errors else t for t in missing)
     many = len(missing) > 1

@@ -9,7 +9,8 @@ import pytest
 from consumers import cli
 
 
-def _settings_of(monkeypatch, tmp_path, *argv: str):
+def _settings_after(monkeypatch, *argv: str):
+    """The settings `tokentrail consume --bootstrap 127.0.0.1:9 ARGV` would run with."""
     seen = {}
 
     async def fake_run(settings, sink, max_rollouts):
@@ -19,9 +20,12 @@ def _settings_of(monkeypatch, tmp_path, *argv: str):
     monkeypatch.setattr(cli, "_run", fake_run)
     parser = argparse.ArgumentParser()
     cli.configure(parser)
-    args = parser.parse_args(["--bootstrap", "127.0.0.1:9", "--sink-path", str(tmp_path / "out.jsonl"), *argv])
-    assert cli.main(args) == 0
+    assert cli.main(parser.parse_args(["--bootstrap", "127.0.0.1:9", *argv])) == 0
     return seen["settings"]
+
+
+def _settings_of(monkeypatch, tmp_path, *argv: str):
+    return _settings_after(monkeypatch, "--sink-path", str(tmp_path / "out.jsonl"), *argv)
 
 
 def test_delivery_traces_sets_the_rules_delivery_mode(monkeypatch, tmp_path):
@@ -55,17 +59,9 @@ def test_a_built_in_kafka_sink_writes_to_this_cluster_under_the_topic_prefix(mon
 
     built = {}
     monkeypatch.setattr(plugin, "load_sink", lambda target, kwargs: built.update(target=target, kwargs=kwargs))
-
-    async def fake_run(settings, sink, max_rollouts):
-        built["settings"] = settings
-        return 0
-
-    monkeypatch.setattr(cli, "_run", fake_run)
-    parser = argparse.ArgumentParser()
-    cli.configure(parser)
-    assert cli.main(parser.parse_args(["--bootstrap", "127.0.0.1:9", "--sink", sink, "--topic-prefix", "run1."])) == 0
+    settings = _settings_after(monkeypatch, "--sink", sink, "--topic-prefix", "run1.")
     topic = getattr(topic_names("run1."), field)
     assert built["kwargs"] == {"bootstrap": "127.0.0.1:9", "topic": topic}
     from consumers.loop import required_topics
 
-    assert topic in required_topics(built["settings"])  # the startup check waits for it
+    assert topic in required_topics(settings)  # the startup check waits for it
