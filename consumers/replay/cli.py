@@ -114,7 +114,8 @@ def _rollouts(args, since, until, rules, new_rules) -> int:
                 result.rebuilt[-1] = judge(result.snapshot, result.rollout)
             changes = redecided = None
             if new_rules is not None and result.snapshot is not None:
-                redecided = rebuild(result.snapshot, new_rules)
+                # Judged as the original is, so the comparison shows what the rule file changes, not the bound.
+                redecided = judge(result.snapshot, rebuild(result.snapshot, new_rules))
                 changes = rule_changes(result.rollout, redecided) + trace_changes(result.rollout, redecided)
             if args.format == "json":
                 documents.append({

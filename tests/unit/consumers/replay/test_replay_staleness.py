@@ -110,3 +110,16 @@ def test_max_staleness_masks_a_replayed_rollout_as_the_consumer_would(monkeypatc
     assert [r["code"] for r in docs["r-b"]["mask_reasons"]] == ["stale_policy"]
     assert docs["r-b"]["_ng_token_capture"]["policy_staleness"] == 2
     assert [r["code"] for r in docs["r-d"]["mask_reasons"]] == ["unknown_policy_version"]
+
+
+def test_a_rule_file_is_compared_under_the_same_staleness_bound(monkeypatch, capsys, tmp_path):
+    rules = tmp_path / "rules.json"
+    rules.write_text("{}")  # the default rules: nothing to change
+    rc, out = _replay_rollout(monkeypatch, capsys, "--rollout", "r-b", "--max-staleness", "1", "--rules", str(rules),
+                              "--format", "json")
+    assert rc == 0
+    import json
+
+    (doc,) = json.loads(out)
+    assert [r["code"] for r in doc["rebuilt"]["mask_reasons"]] == ["stale_policy"]
+    assert doc["changes_under_rules"] == []  # the stale mask stands under both: not a rule change
