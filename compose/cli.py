@@ -14,21 +14,21 @@ import sys
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "kafka": ("compose.kafka_broker", "run a local Apache Kafka broker from Maven Central jars"),
-    "policy": ("compose.policy.cli", "run the vLLM-compatible reference policy server"),
+    "kafka": ("compose.rig.kafka.broker", "run a local Apache Kafka broker from Maven Central jars"),
+    "policy": ("compose.engines.policy.cli", "run the vLLM-compatible reference policy server"),
     "intercept": ("producers.cli", "run the capture interceptor in front of a model server"),
     "finish": ("producers.finish_cli", "publish RolloutFinished for a rollout"),
     "token": ("producers.token_cli", "print a rollout's token, the API key its harness presents"),
     "process": ("processors.cli", "run the Faust fold processor"),
     "consume": ("consumers.cli", "rebuild finished rollouts and deliver them to a sink"),
-    "replay": ("compose.replay_cli", "explain why rollouts were masked, from the event log"),
-    "topics": ("compose.topics_cli", "create the tokentrail topics on a broker"),
-    "versions": ("compose.versions_cli", "announce a policy version (the trainer), or show the announced ones"),
-    "demo": ("compose.demo", "bring the stack up, run sample rollouts, print the table"),
-    "demo-async": ("compose.async_demo.run", "rollouts on real vLLM CPU while a trainer pushes new weights"),
+    "replay": ("compose.ops.replay", "explain why rollouts were masked, from the event log"),
+    "topics": ("compose.ops.topics", "create the tokentrail topics on a broker"),
+    "versions": ("compose.ops.versions", "announce a policy version (the trainer), or show the announced ones"),
+    "demo": ("compose.tools.demo", "bring the stack up, run sample rollouts, print the table"),
+    "demo-async": ("compose.tools.async_demo.run", "rollouts on real vLLM CPU while a trainer pushes new weights"),
     "collect": ("compose.collect.cli", "run a harness over a task set, verify, deliver rewarded rollouts"),
-    "bench": ("compose.bench", "run a benchmark that prints figures"),
-    "chaos": ("compose.chaos.cli", "run concurrent rollouts while killing broker, processor, consumer, interceptor"),
+    "bench": ("compose.tools.bench", "run a benchmark that prints figures"),
+    "chaos": ("compose.tools.chaos.cli", "run concurrent rollouts while killing broker, processor, consumer, interceptor"),
 }
 
 

@@ -20,7 +20,7 @@ import sys
 from pydantic import ValidationError
 
 from consumers.rebuild.rules import DELIVERY_MODES
-from schemas.topics import add_topic_options
+from schemas.kafka.topics import add_topic_options
 
 EXIT_TOPICS_UNAVAILABLE = 4
 
@@ -62,7 +62,7 @@ def main(args: argparse.Namespace) -> int:
     from consumers.settings import ConsumerSettings
     from consumers.sinks.plugin import KAFKA_SINK_TOPICS
     from schemas.errors import ConfigError
-    from schemas.topics import topic_names
+    from schemas.kafka.topics import topic_names
 
     try:
         kwargs = json.loads(args.sink_kwargs)
@@ -105,7 +105,7 @@ def main(args: argparse.Namespace) -> int:
 async def _run(settings, sink, max_rollouts) -> int:
     from consumers.loop import MaskFractionExceeded, RebuildConsumer
     from schemas.errors import TransportError
-    from schemas.topics import TopicsUnavailable
+    from schemas.kafka.topics import TopicsUnavailable
 
     consumer = RebuildConsumer(settings, sink)
     stop = asyncio.Event()

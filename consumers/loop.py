@@ -59,7 +59,7 @@ from schemas.kafka.bridge import AckedProducer, admin_client
 from schemas.kafka.config import consumer_config, producer_config
 from schemas.kafka.framing import deadletter_headers
 from schemas.stage_log import STAGES
-from schemas.topics import key_for, wait_for_topics
+from schemas.kafka.topics import key_for, wait_for_topics
 
 log = logging.getLogger("tokentrail.consumer")
 

@@ -9,7 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from consumers.rebuild.rules import RebuildRules
 from schemas.errors import ConfigError
 from schemas.kafka.config import DEFAULT_FETCH_WAIT_MS
-from schemas.topics import DEFAULT_TOPIC_WAIT_S, TopicNames, check_bootstrap
+from schemas.kafka.topics import DEFAULT_TOPIC_WAIT_S, TopicNames, check_bootstrap
 
 Bootstrap = Annotated[str, AfterValidator(check_bootstrap)]
 

@@ -26,7 +26,7 @@ from schemas.errors import TransportError
 from schemas.kafka.bridge import admin_client
 from schemas.policy_versions import VersionBook
 from schemas.records import MaskCode, RebuiltRollout
-from schemas.topics import TopicsUnavailable, topics_command
+from schemas.kafka.topics import TopicsUnavailable, topics_command
 
 __all__ = ["StalenessGate"]
 

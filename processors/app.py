@@ -54,7 +54,7 @@ from processors.fold import fold_raw
 from processors.settings import ProcessorSettings
 from schemas.kafka.framing import deadletter_headers
 from schemas.stage_log import STAGES
-from schemas.topics import MAX_MESSAGE_BYTES, wait_for_topics
+from schemas.kafka.topics import MAX_MESSAGE_BYTES, wait_for_topics
 
 log = logging.getLogger("tokentrail.processor")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from schemas.topics import add_topic_options
+from schemas.kafka.topics import add_topic_options
 
 EXIT_TOPICS_UNAVAILABLE = 4
 
@@ -40,7 +40,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from processors.settings import ProcessorSettings
-    from schemas.topics import topic_names
+    from schemas.kafka.topics import topic_names
 
     try:
         settings = ProcessorSettings(bootstrap=args.bootstrap, data_dir=args.data_dir, app_id=args.app_id,
@@ -53,7 +53,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     from processors.app import check_topics, claim_local_state, create_app, release_local_state
-    from schemas.topics import TopicsUnavailable
+    from schemas.kafka.topics import TopicsUnavailable
 
     try:
         check_topics(settings)

@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from schemas.kafka.config import DEFAULT_FETCH_WAIT_MS
-from schemas.topics import DEFAULT_PARTITIONS, DEFAULT_TOPIC_WAIT_S, TopicNames, check_bootstrap
+from schemas.kafka.topics import DEFAULT_PARTITIONS, DEFAULT_TOPIC_WAIT_S, TopicNames, check_bootstrap
 
 Bootstrap = Annotated[str, AfterValidator(check_bootstrap)]
 

@@ -58,7 +58,7 @@ from schemas.errors import DurabilityError
 from schemas.hashing import compute_digest, conversation_prefix_digests
 from schemas.policy_versions import UNNAMED_VERSION, bracket_spans, engine_spans, observed_spans, part_spans, versions_of
 from schemas.records import CallCaptured, CallStarted, IncompleteReason, ParentResolution, RolloutEvent, VersionSource
-from schemas.topics import key_for
+from schemas.kafka.topics import key_for
 
 __all__ = ["Call", "CaptureCore", "Outcome"]
 

@@ -75,7 +75,7 @@ def rollout_secret_from(env: Mapping[str, str], path: str | None) -> str | None:
 
 def main(args: argparse.Namespace) -> int:
     from producers.settings import InterceptorSettings
-    from schemas.topics import topic_names
+    from schemas.kafka.topics import topic_names
 
     try:
         settings = InterceptorSettings(

@@ -28,7 +28,7 @@ from schemas.avro_fields import INT_MAX, check_fields
 from schemas.errors import ContractError
 from schemas.ids import validate_rollout_id
 from schemas.records import RolloutFinished
-from schemas.topics import ROLLOUT_EVENTS
+from schemas.kafka.topics import ROLLOUT_EVENTS
 
 __all__ = ["FINISH_FIELDS", "finish_request_body", "finish_rollout", "finished_event_body"]
 

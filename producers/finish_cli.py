@@ -20,7 +20,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from producers.finish import finish_rollout
-    from schemas.topics import topic_names
+    from schemas.kafka.topics import topic_names
     from schemas.errors import TokentrailError
 
     try:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from producers.settings import InterceptorSettings
 from producers.spool import Spool
 from schemas.errors import ConfigError, DurabilityError
-from schemas.topics import topic_names
+from schemas.kafka.topics import topic_names
 
 __all__ = ["ENV_SETTINGS", "claim_spool_dir", "settings_from_env"]
 

@@ -21,7 +21,7 @@ from schemas.codec import encode_event
 from schemas.kafka.bridge import AckedProducer, PublishFailed
 from schemas.kafka.config import producer_config
 from schemas.records import RolloutEvent
-from schemas.topics import key_for
+from schemas.kafka.topics import key_for
 
 __all__ = ["KafkaPublisher", "PublishFailed", "producer_config"]
 

@@ -13,7 +13,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, fi
 
 from schemas.errors import ConfigError
 from schemas.rollout_tokens import check_secret
-from schemas.topics import TopicNames, check_bootstrap
+from schemas.kafka.topics import TopicNames, check_bootstrap
 
 Bootstrap = Annotated[str, AfterValidator(check_bootstrap)]
 

@@ -50,7 +50,7 @@ _TEXT_PARTS = ("text", "input_text")
 _PASSED_OVER = ("system", "developer")  # instructions between user messages; not the conversation
 
 # The harness headers that name the agent a call is made for, in order (first that names one wins),
-# with how each is read. What the pinned CLIs (compose/claude_code, compose/codex) were seen to send:
+# with how each is read. What the pinned CLIs (compose/harnesses/claude_code, compose/harnesses/codex) were seen to send:
 # * Claude Code: ``x-claude-code-agent-id`` (the sub-agent's agentId, as in its Agent tool_result)
 #   on a sub-agent's calls only; nothing names the agent type, and the main loop sends no such header.
 # * Codex: ``x-codex-turn-metadata``, a JSON object on every call. Its ``agent_name`` is the agent's

@@ -144,7 +144,7 @@ def _testcontainers_broker(start: float) -> Iterator[KafkaBroker]:
 
 def _jar_unavailable() -> str | None:
     """None if the jar broker can run; else why not (java missing, jars not obtainable)."""
-    from compose.kafka_broker import BrokerError, ensure_jars, find_java
+    from compose.rig.kafka.broker import BrokerError, ensure_jars, find_java
 
     try:
         find_java()
@@ -155,7 +155,7 @@ def _jar_unavailable() -> str | None:
 
 
 def _jar_broker(state_dir: Path, start: float) -> Iterator[KafkaBroker]:
-    from compose.kafka_broker import start_broker, stop_broker
+    from compose.rig.kafka.broker import start_broker, stop_broker
 
     # Java and the jars are there, so a failure to start is a bug to see, not a reason to
     # fall back to the mock: BrokerError propagates and fails the tests that asked.

@@ -5,19 +5,19 @@ working directory and the capture base URL of the attempt with its API key (the 
 token when the interceptor requires one). It hands back text only (``HarnessOutcome``):
 the token ids are captured in the serving path, never read from the harness.
 
-* ``claude-code``: the real CLI, headless (``compose.claude_code``): ``ANTHROPIC_BASE_URL``,
+* ``claude-code``: the real CLI, headless (``compose.harnesses.claude_code``): ``ANTHROPIC_BASE_URL``,
   every model variable set to the run's model, ``--allowedTools``, ``--max-turns``,
   ``API_TIMEOUT_MS`` for a call's deadline.
-* ``codex``: the real CLI (``compose.codex``): a Responses provider in ``config.toml``
+* ``codex``: the real CLI (``compose.harnesses.codex``): a Responses provider in ``config.toml``
   (``wire_api = "responses"``) at the capture URL, ``stream_idle_timeout_ms`` for a call.
-* ``openai-sdk`` / ``anthropic-sdk``: the SDK loops of ``compose.harness`` with the task's
+* ``openai-sdk`` / ``anthropic-sdk``: the SDK loops of ``compose.harnesses.sdk`` with the task's
   tool set (``compose.collect.tools``).
 * ``remote``: an agent service speaking the Responses contract (``compose.collect.remote_agent``).
 
 Guarantees: ``check()`` fails at start-up (ConfigError) when the harness cannot run here;
 ``run`` never raises for what a harness does (every failure is a classed ``HarnessOutcome``);
 ``stop_all`` ends every CLI run in flight at once (Ctrl-C), and a CLI run never outlives the
-collector (``compose.harness_process``).
+collector (``compose.procs.headless``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from compose.collect.outcome import FailureClass, HarnessOutcome
 from compose.collect.tools import ToolSet
-from compose.harness_process import stop_group, tail
+from compose.procs.headless import stop_group, tail
 from schemas.errors import ConfigError, TokentrailError
 
 if TYPE_CHECKING:
@@ -125,12 +125,12 @@ class ClaudeCodeHarness(_CliHarness):
     name = "claude-code"
 
     def _install(self) -> Path:
-        from compose.claude_code import ensure_claude_code
+        from compose.harnesses.claude_code import ensure_claude_code
 
         return ensure_claude_code()
 
     def _run(self, attempt: Attempt) -> HarnessOutcome:
-        from compose.claude_code import run_claude_code
+        from compose.harnesses.claude_code import run_claude_code
 
         s = self.settings
         result = run_claude_code(
@@ -161,12 +161,12 @@ class CodexHarness(_CliHarness):
     name = "codex"
 
     def _install(self) -> Path:
-        from compose.codex import ensure_codex
+        from compose.harnesses.codex import ensure_codex
 
         return ensure_codex()
 
     def _run(self, attempt: Attempt) -> HarnessOutcome:
-        from compose.codex.runner import API_KEY_ENV, PROVIDER_ID, run_codex
+        from compose.harnesses.codex.runner import API_KEY_ENV, PROVIDER_ID, run_codex
 
         s = self.settings
         result = run_codex(
@@ -217,7 +217,7 @@ class OpenAISdkHarness(_SdkHarness):
     name = "openai-sdk"
 
     async def run(self, attempt: Attempt) -> HarnessOutcome:
-        from compose.harness import run_rollout
+        from compose.harnesses.sdk import run_rollout
 
         s, tools = self.settings, ToolSet.for_task(attempt.task, attempt.workdir)
         o = await run_rollout(attempt.openai_base_url, attempt.rollout_id, attempt.task.prompt,
@@ -231,7 +231,7 @@ class AnthropicSdkHarness(_SdkHarness):
     name = "anthropic-sdk"
 
     async def run(self, attempt: Attempt) -> HarnessOutcome:
-        from compose.harness import run_anthropic_rollout
+        from compose.harnesses.sdk import run_anthropic_rollout
 
         s, tools = self.settings, ToolSet.for_task(attempt.task, attempt.workdir)
         o = await run_anthropic_rollout(attempt.capture_root, attempt.rollout_id, attempt.task.prompt,

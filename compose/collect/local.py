@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from compose.stack import LocalStack, capture_root, harness_api_key
-from schemas.topics import TopicNames, topic_names
+from compose.rig.stack import LocalStack, capture_root, harness_api_key
+from schemas.kafka.topics import TopicNames, topic_names
 
 __all__ = ["StackAddress", "local_stack", "remote_stack"]
 
@@ -48,8 +48,8 @@ def remote_stack(bootstrap: str, interceptor_url: str, topic_prefix: str, rollou
 @contextlib.contextmanager
 def local_stack(root: Path, run_id: str, *, engine: str, harness: str, bootstrap: str | None) -> Iterator[StackAddress]:
     """Bring the stack up under ``root``; tear it down (the broker's data kept) on exit."""
-    from compose.kafka_broker import ensure_jars, restart_broker, start_broker, stop_broker
-    from compose.kafka_broker import broker_status
+    from compose.rig.kafka.broker import ensure_jars, restart_broker, start_broker, stop_broker
+    from compose.rig.kafka.broker import broker_status
 
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -66,7 +66,7 @@ def local_stack(root: Path, run_id: str, *, engine: str, harness: str, bootstrap
     secret = secret_file.read_text().strip()
     engine_cm = contextlib.nullcontext(None)
     if engine == "vllm":
-        from compose.vllm_engine.engine import VllmEngine
+        from compose.engines.vllm_rig.engine import VllmEngine
 
         engine_cm = VllmEngine(root / "vllm")
     # The harness CLIs send ~50 KB of system prompt and tools: the reference server's

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from schemas.topics import check_bootstrap
+from schemas.kafka.topics import check_bootstrap
 
 __all__ = ["CollectSettings", "HARNESSES", "RUN_ID_RULE", "DEFAULT_MODELS"]
 

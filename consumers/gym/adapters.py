@@ -49,7 +49,7 @@ from schemas.records import (
     CallCaptured, CallFacts, CallIncomplete, CallStarted, IncompleteReason, ParentResolution, RetireRequested,
     RolloutEvent, RolloutFinished,
 )
-from schemas.topics import ROLLOUT_EVENTS, key_for
+from schemas.kafka.topics import ROLLOUT_EVENTS, key_for
 
 GYM_SCHEMA_VERSION = 5
 GYM_ROUTE = "/gym/token-capture"

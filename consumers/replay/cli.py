@@ -28,7 +28,7 @@ version spans and its staleness, ``--summary`` histograms staleness;
 ``--max-staleness K`` masks, in both, as ``tokentrail consume --max-staleness K``
 would (the topic must then exist).
 
-``tokentrail replay --last-demo`` (``make why``) is ``compose.replay_cli``: finding
+``tokentrail replay --last-demo`` (``make why``) is ``compose.ops.replay``: finding
 the demo's broker is compose's job, and consumers never import compose.
 """
 
@@ -101,7 +101,7 @@ def _rollouts(args, since, until, rules, new_rules) -> int:
     from consumers.rebuild import rebuild
     from consumers.rebuild.output import to_json_dict
     from consumers.replay.rollouts import replay_rollout, rule_changes
-    from schemas.topics import topic_names
+    from schemas.kafka.topics import topic_names
 
     names = topic_names(args.topic_prefix)
     judge = _staleness_judge(args, names)
@@ -171,7 +171,7 @@ def _summary(args, since, until, rules) -> int:
     from consumers.replay.rollouts import parse_duration
     from consumers.replay.report_html import render_html
     from consumers.replay.summary import render_text, summarize
-    from schemas.topics import topic_names
+    from schemas.kafka.topics import topic_names
 
     if since.offset is not None or until.offset is not None:
         print("tokentrail replay: --summary takes times, not offsets", file=sys.stderr)

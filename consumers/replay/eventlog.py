@@ -24,7 +24,7 @@ from schemas.codec import decode_event
 from schemas.kafka.partitioning import partition_for
 from schemas.kafka.scan import TopicReader
 from schemas.records import RolloutEvent
-from schemas.topics import ROLLOUT_EVENTS, key_for
+from schemas.kafka.topics import ROLLOUT_EVENTS, key_for
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from processors.fold import DeadLetter
 from processors.replay import replay
 from schemas.errors import ConfigError
 from schemas.records import RebuiltRollout, RolloutEvent, Snapshot
-from schemas.topics import key_for
+from schemas.kafka.topics import key_for
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

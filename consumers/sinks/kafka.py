@@ -35,7 +35,7 @@ from schemas.kafka.bridge import AckedProducer
 from schemas.kafka.config import producer_config
 from schemas.kafka.framing import value_limit
 from schemas.records import MaskCode, MaskReason, RebuiltRollout
-from schemas.topics import MAX_MESSAGE_BYTES, REBUILT, key_for
+from schemas.kafka.topics import MAX_MESSAGE_BYTES, REBUILT, key_for
 
 log = logging.getLogger("tokentrail.consumer.kafka_sink")
 

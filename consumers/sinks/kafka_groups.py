@@ -60,7 +60,7 @@ from schemas.kafka.bridge import AckedProducer
 from schemas.kafka.config import producer_config
 from schemas.kafka.framing import value_limit
 from schemas.records import MaskCode, MaskReason, RebuiltRollout
-from schemas.topics import MAX_MESSAGE_BYTES, REBUILT_GROUPS, key_for
+from schemas.kafka.topics import MAX_MESSAGE_BYTES, REBUILT_GROUPS, key_for
 
 __all__ = ["GROUP_FORMAT", "REBUILT_GROUPS", "GroupedKafkaSink", "decode_group", "encode_group"]
 

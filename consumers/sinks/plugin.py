@@ -113,7 +113,7 @@ def _identities_in(path: Path) -> set[tuple[str, int]]:
 
 BUILTIN_SINKS = {"jsonl": "consumers.sinks.plugin:JsonlSink", "kafka": "consumers.sinks.kafka:KafkaSink",
                  "kafka-groups": "consumers.sinks.kafka_groups:GroupedKafkaSink"}
-# The built-in sinks that write to Kafka -> the ``schemas.topics.TopicNames`` field of their default
+# The built-in sinks that write to Kafka -> the ``schemas.kafka.topics.TopicNames`` field of their default
 # topic: `tokentrail consume` points them at its own cluster and prefix, and the startup check waits for it.
 KAFKA_SINK_TOPICS = {"kafka": "rebuilt", "kafka-groups": "rebuilt_groups"}
 

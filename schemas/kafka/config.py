@@ -13,7 +13,7 @@ the benchmarks):
 - A record not acknowledged within ``delivery_timeout_ms`` fails (librdkafka
   stops retrying it), so nobody waits on an ack for ever; one request never
   waits longer than 30 s.
-- Records up to ``schemas.topics.MAX_MESSAGE_BYTES`` are accepted.
+- Records up to ``schemas.kafka.topics.MAX_MESSAGE_BYTES`` are accepted.
 - Nagle off and no compression: every producer here awaits each record's ack,
   so latency is the cost (the records are small events or already
   delta-encoded token arrays).
@@ -30,7 +30,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from schemas.topics import MAX_MESSAGE_BYTES
+from schemas.kafka.topics import MAX_MESSAGE_BYTES
 
 __all__ = [
     "PARTITIONER", "DEFAULT_LINGER_MS", "DEFAULT_DELIVERY_TIMEOUT_MS", "DEFAULT_FETCH_WAIT_MS", "QUIET_LOGGER",

@@ -1,12 +1,11 @@
 """The policy-versions topic on Kafka: announce a version, follow the announcements.
 
 ``announce_version`` publishes one ``PolicyVersion`` (Avro, keyed by its label) with ``acks=all``
-and returns once the broker acknowledged it. With ``engine_url`` it first hands the label to the
-engine (vLLM's dev-mode ``POST /update_weight_version``), so the topic never names a version the
-engine refused; an engine that answers 404 was started without ``VLLM_SERVER_DEV_MODE=1``. It
+and returns once the broker acknowledged it. Labelling the engine itself is the caller's (``tokentrail
+versions announce --engine`` does it first, so the topic never names a version the engine refused). It
 never creates the topic: a missing one is an ``AnnounceFailed`` naming `tokentrail topics` (an
 auto-created topic would be neither compacted nor single-partition). Every failure is an
-``AnnounceFailed`` (a ``TransportError``) naming the engine or the broker and topic.
+``AnnounceFailed`` (a ``TransportError``) naming the broker and topic.
 
 ``VersionFollower`` reads the topic from its start in a background thread, without a consumer
 group (nothing is committed: every follower folds the whole compacted topic), into a
@@ -17,12 +16,9 @@ stops on content. ``wait_caught_up`` returns once everything published before ``
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -33,31 +29,26 @@ from schemas.errors import TransportError
 from schemas.kafka.bridge import AckedProducer, PublishFailed, admin_client
 from schemas.kafka.config import QUIET_LOGGER, consumer_config, producer_config
 from schemas.policy_versions import PolicyVersion, VersionBook
-from schemas.topics import POLICY_VERSIONS, TopicsUnavailable, topic_names, wait_for_topics
+from schemas.kafka.topics import POLICY_VERSIONS, TopicsUnavailable, topic_names, wait_for_topics
 
-__all__ = ["UPDATE_WEIGHT_VERSION_PATH", "AnnounceFailed", "VersionFollower", "announce_version", "label_engine"]
+__all__ = ["AnnounceFailed", "VersionFollower", "announce_version"]
 
 log = logging.getLogger("tokentrail.versions")
 
-UPDATE_WEIGHT_VERSION_PATH = "/update_weight_version"  # vLLM, registered only under VLLM_SERVER_DEV_MODE=1
-
 
 class AnnounceFailed(TransportError):
-    """The engine refused the label, or the broker did not acknowledge the announcement."""
+    """The broker did not acknowledge the announcement (or the topic is missing)."""
 
 
 def announce_version(bootstrap: str, label: str, step: int, *, topic: str = POLICY_VERSIONS, weights: str = "",
-                     engine_url: str | None = None, engine_api_key: str | None = None,
                      timeout_s: float = 30.0) -> PolicyVersion:
-    """Publish ``label`` as the current version (the trainer's ``step``), after labelling the engine.
+    """Publish ``label`` as the current version (the trainer's ``step``).
 
     ``ContractError`` (before any I/O) for an invalid label or step; ``AnnounceFailed`` unless the
-    engine (when given) took the label and the broker acknowledged the record.
+    broker acknowledged the record.
     """
     announcement = PolicyVersion(label=label, step=step, announced_at=time.time(), weights=weights)
     value = policy_version_codec().encode(announcement)
-    if engine_url:
-        label_engine(engine_url, label, api_key=engine_api_key, timeout_s=timeout_s)
     where = f"announcing policy version {label!r} (step {step}) on {topic} at {bootstrap}"
     try:
         # The metadata of all topics never auto-creates one (a metadata request for `topic` would).
@@ -76,27 +67,6 @@ def announce_version(bootstrap: str, label: str, step: int, *, topic: str = POLI
     finally:
         producer.close_sync(5.0)
     return announcement
-
-
-def label_engine(engine_url: str, label: str, *, api_key: str | None = None, timeout_s: float = 30.0) -> None:
-    """``POST {"new_version": label}`` to the engine's ``/update_weight_version``; ``AnnounceFailed`` unless 2xx."""
-    url = engine_url.rstrip("/") + UPDATE_WEIGHT_VERSION_PATH
-    request = urllib.request.Request(url, data=json.dumps({"new_version": label}).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    if api_key:
-        request.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 (an operator's URL)
-            response.read()
-    except urllib.error.HTTPError as exc:
-        detail = exc.read()[:300].decode("utf-8", "replace")
-        if exc.code == 404:
-            raise AnnounceFailed(f"{url} answered 404: the engine runs without VLLM_SERVER_DEV_MODE=1, so it has "
-                                 "no /update_weight_version; restart it with VLLM_SERVER_DEV_MODE=1, or announce "
-                                 "without the engine and label its weights another way") from exc
-        raise AnnounceFailed(f"{url} refused the label {label!r}: HTTP {exc.code} {detail}") from exc
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise AnnounceFailed(f"{url} unreachable: {exc}; check the engine URL") from exc
 
 
 def _watermarks(consumer: Any, tp: Any, *, deadline: float) -> tuple[int, int]:

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from compose.stack import LocalStack
-from compose.vllm_engine.engine import VllmEngine
+from compose.rig.stack import LocalStack
+from compose.engines.vllm_rig.engine import VllmEngine
 from tests.integration.engines import require_vllm
 
 UPSTREAMS = ["reference", pytest.param("vllm", marks=pytest.mark.vllm)]
@@ -73,7 +73,7 @@ def _pinned_cli(ensure, unavailable: type[Exception], what: str):
 @pytest.fixture(scope="module")
 def claude():
     """The real Claude Code CLI's binary (``make claude-code``)."""
-    from compose.claude_code import ClaudeCodeUnavailable, ensure_claude_code
+    from compose.harnesses.claude_code import ClaudeCodeUnavailable, ensure_claude_code
 
     return _pinned_cli(ensure_claude_code, ClaudeCodeUnavailable, "Claude Code")
 
@@ -81,6 +81,6 @@ def claude():
 @pytest.fixture(scope="module")
 def codex():
     """The real Codex CLI's binary (``make codex``)."""
-    from compose.codex import CodexUnavailable, ensure_codex
+    from compose.harnesses.codex import CodexUnavailable, ensure_codex
 
     return _pinned_cli(ensure_codex, CodexUnavailable, "Codex")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from compose.collect.taskset import SHIPPED
-from compose.stack import LocalStack
+from compose.rig.stack import LocalStack
 
 SECRET = "collect-rollout-secret-0123456789abcdef"
 

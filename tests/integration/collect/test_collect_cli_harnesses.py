@@ -113,7 +113,7 @@ def test_claude_code_collect_on_real_vllm(claude, kafka_bootstrap, vllm_engine, 
     """The same command in front of real vLLM (the crafted checkpoint): verified, rebuilt, token-exact."""
     import uuid
 
-    from compose.stack import LocalStack
+    from compose.rig.stack import LocalStack
     from tests.integration.collect.conftest import SECRET
 
     tag = uuid.uuid4().hex[:8]

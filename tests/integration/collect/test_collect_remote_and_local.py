@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from compose.kafka_broker import pick_free_ports
+from compose.procs.service import pick_free_ports
 from tests.integration.collect.conftest import collect_argv, rows, run_collect
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]

@@ -14,10 +14,10 @@ from pathlib import Path
 import confluent_kafka
 import pytest
 
-from compose.topics import ensure_topics
+from schemas.kafka.admin import ensure_topics
 from schemas.codec import encode_event
 from schemas.kafka.config import PARTITIONER as PRODUCER_PARTITIONER
-from schemas.topics import TopicNames, key_for, topic_names
+from schemas.kafka.topics import TopicNames, key_for, topic_names
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from consumers.sinks.kafka import KafkaSink
 from consumers.loop import RebuildConsumer
 from consumers.settings import ConsumerSettings
 from schemas.codec import decode_rebuilt, encode_rebuilt, encode_snapshot
-from schemas.topics import key_for
+from schemas.kafka.topics import key_for
 from tests.factories import event, finished
 from tests.unit.consumers.support import child, root, snapshot_of
 
@@ -88,8 +88,8 @@ def _read_topic(bootstrap: str, topic: str) -> list:
 
 
 async def test_kafka_sink_passes_the_conformance_kit(kafka_bootstrap):
-    from compose.topics import ensure_topics
-    from schemas.topics import topic_names
+    from schemas.kafka.admin import ensure_topics
+    from schemas.kafka.topics import topic_names
 
     names = topic_names(f"itk{uuid.uuid4().hex[:8]}.")
     ensure_topics(kafka_bootstrap, names)
@@ -105,8 +105,8 @@ async def test_kafka_sink_passes_the_conformance_kit(kafka_bootstrap):
 
 
 async def test_consumer_to_kafka_sink_delivers_avro_keyed_by_rollout(kafka_bootstrap):
-    from compose.topics import ensure_topics
-    from schemas.topics import topic_names
+    from schemas.kafka.admin import ensure_topics
+    from schemas.kafka.topics import topic_names
 
     names = topic_names(f"itk{uuid.uuid4().hex[:8]}.")
     ensure_topics(kafka_bootstrap, names)

@@ -25,7 +25,7 @@ from consumers.loop import RebuildConsumer
 from consumers.settings import ConsumerSettings
 from consumers.sinks.plugin import JsonlSink
 from schemas.codec import encode_snapshot
-from schemas.topics import TopicsUnavailable, key_for, topic_names
+from schemas.kafka.topics import TopicsUnavailable, key_for, topic_names
 from tests.unit.consumers.support import child, root, snapshot_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]

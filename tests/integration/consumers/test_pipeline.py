@@ -25,7 +25,7 @@ from processors.replay import MemoryState, replay
 from schemas.codec import decode_snapshot, encode_rebuilt
 from schemas.ids import response_id
 from schemas.records import Dialect, RetireRequested
-from schemas.topics import key_for
+from schemas.kafka.topics import key_for
 from tests.factories import event, finished
 from tests.unit.consumers.support import child, root, snapshot_of, text_call
 from tests.integration.consumers.delivery import consume

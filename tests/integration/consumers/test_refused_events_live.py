@@ -23,7 +23,7 @@ from processors.replay import MemoryState, replay
 from schemas.codec import encode_event
 from schemas.kafka.config import PARTITIONER
 from schemas.records import IncompleteReason, MaskCode
-from schemas.topics import key_for
+from schemas.kafka.topics import key_for
 from tests.factories import event
 from tests.unit.consumers.support import child, declared, root
 from tests.integration.consumers.delivery import consume

@@ -23,8 +23,8 @@ import httpx
 import openai
 import pytest
 
-from compose.harness import WEATHER_TOOL, weather_tool
-from compose.stack import LocalStack
+from compose.harnesses.sdk import WEATHER_TOOL, weather_tool
+from compose.rig.stack import LocalStack
 from schemas.kafka.versions import announce_version
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from compose.stack import LocalStack
-from compose.vllm_engine.engine import VllmEngine
+from compose.rig.stack import LocalStack
+from compose.engines.vllm_rig.engine import VllmEngine
 from tests.integration.engines import assert_one_token_exact_chain, require_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
@@ -51,7 +51,7 @@ def _last_message_id(result) -> str | None:
 
 
 def _run_and_check(claude_stack: LocalStack, tmp_path) -> dict:
-    from compose.claude_code import run_claude_code
+    from compose.harnesses.claude_code import run_claude_code
 
     rid = f"claude-{uuid.uuid4().hex[:8]}"
     result = run_claude_code(

@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from compose.stack import LocalStack
+from compose.rig.stack import LocalStack
 from tests.integration import engines
 from tests.integration.engines import assert_traces_exact
 
@@ -50,7 +50,7 @@ def traces_stack(kafka_bootstrap, tmp_path_factory):
 
 
 def _run(stack: LocalStack, rid: str, prompt: str, workdir: Path, **kwargs: Any):
-    from compose.claude_code import run_claude_code
+    from compose.harnesses.claude_code import run_claude_code
 
     result = run_claude_code(stack.capture_base_url(rid).removesuffix("/v1"), prompt, workdir=workdir,
                              timeout=TIMEOUT_S, env={"ANTHROPIC_API_KEY": stack.api_key(rid), **kwargs.pop("env", {})},

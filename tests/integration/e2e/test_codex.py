@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from compose.stack import LocalStack
+from compose.rig.stack import LocalStack
 from tests.integration.engines import assert_one_token_exact_chain
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
@@ -29,8 +29,8 @@ def codex_stack(kafka_bootstrap, tmp_path_factory, upstream):
 
 
 def test_codex_session_is_captured_token_exact(codex, codex_stack, tmp_path):
-    from compose.codex import DEFAULT_MODEL, run_codex
-    from compose.codex.runner import API_KEY_ENV
+    from compose.harnesses.codex import DEFAULT_MODEL, run_codex
+    from compose.harnesses.codex.runner import API_KEY_ENV
 
     rid = f"codex-{uuid.uuid4().hex[:8]}"
     result = run_codex(

@@ -21,7 +21,7 @@ Two tests:
   ``spawn_agent`` and calls it (before namespace support it could only call ``exec_command``),
   Codex echoes the namespaced call and the next turn links to it: one main trace, token-exact.
 - ``test_codex_subagent_is_its_own_trace_under_main``: the whole sub-agent run, driven by the
-  reference policy's multi-agent rules (``compose/policy/multi_agent.py``: the spawn carries the
+  reference policy's multi-agent rules (``compose/engines/policy/multi_agent.py``: the spawn carries the
   child's task, the spawn's answer is followed by ``wait_agent`` on its ``agent_id``, Codex's
   ``<subagent_notification>`` turn is answered).
 """
@@ -33,7 +33,7 @@ import uuid
 
 import pytest
 
-from compose.stack import LocalStack
+from compose.rig.stack import LocalStack
 from tests.integration import engines
 from tests.integration.engines import assert_traces_exact
 
@@ -58,8 +58,8 @@ def _describe(traces: list[dict]) -> str:
 
 
 def _run(codex, stack: LocalStack, rid: str, prompt: str, workdir):
-    from compose.codex import DEFAULT_MODEL, run_codex
-    from compose.codex.runner import API_KEY_ENV
+    from compose.harnesses.codex import DEFAULT_MODEL, run_codex
+    from compose.harnesses.codex.runner import API_KEY_ENV
 
     result = run_codex(stack.capture_base_url(rid), prompt, workdir=workdir, timeout=180, model=DEFAULT_MODEL,
                        executable=codex, env={API_KEY_ENV: stack.api_key(rid)})

@@ -11,7 +11,7 @@ reference engine) runs twice, on topics of its own each time:
 
 Delivered means written by a consumer's JSONL sink. "Once per group" is one distinct record per
 rollout per group: at-least-once delivery may write a rollout again after a rebalance, and such a
-repeat must be the same bytes (``compose.scaleout_checks``). The per-worker figures are printed
+repeat must be the same bytes (``compose.rig.scaleout_checks``). The per-worker figures are printed
 (``pytest -s``); ``tokentrail bench scaleout`` runs the same topology with larger numbers.
 """
 
@@ -21,8 +21,8 @@ import asyncio
 
 import pytest
 
-from compose.scaleout import ONE_WORKER, SCALED, Chaos, ScaleRun, Workload, print_figures
-from compose.scaleout_checks import canonical, check, group_deliveries, one_record_each, replayed
+from compose.rig.scaleout import ONE_WORKER, SCALED, Chaos, ScaleRun, Workload, print_figures
+from compose.rig.scaleout_checks import canonical, check, group_deliveries, one_record_each, replayed
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 

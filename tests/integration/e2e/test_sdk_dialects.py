@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from compose.harness import run_anthropic_rollout, run_responses_rollout, run_rollout
+from compose.harnesses.sdk import run_anthropic_rollout, run_responses_rollout, run_rollout
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 

@@ -9,7 +9,7 @@ import uuid
 import httpx
 import pytest
 
-from compose.harness import fault_tool, run_rollout
+from compose.harnesses.sdk import fault_tool, run_rollout
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 

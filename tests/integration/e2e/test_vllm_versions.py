@@ -1,6 +1,6 @@
 """Weight updates under running streamed calls, on the real engine: per-token versions, token-exact.
 
-The trainer's sync is ``compose.vllm_engine.weights.push_weights``: pause, reload perturbed weights
+The trainer's sync is ``compose.engines.vllm_rig.weights.push_weights``: pause, reload perturbed weights
 in place (``/collective_rpc reload_weights``), name them, announce them to the interceptor, resume.
 vLLM 0.32's chat route reports no per-token versions, so the interceptor splits the stream where
 the announced version changed. The proof that the split is at the right token is in the log-probs:
@@ -23,9 +23,10 @@ import numpy as np
 import openai
 import pytest
 
-from compose.stack import LocalStack
-from compose.vllm_engine.engine import score_prompt
-from compose.vllm_engine.weights import push_weights, read_safetensors, resume, write_safetensors
+from compose.rig.stack import LocalStack
+from compose.engines.vllm_rig.engine import score_prompt
+from compose.engines.vllm_rig.admin import resume
+from compose.engines.vllm_rig.weights import push_weights, read_safetensors, write_safetensors
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker, pytest.mark.vllm]
 

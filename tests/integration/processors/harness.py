@@ -23,13 +23,13 @@ from pathlib import Path
 import confluent_kafka
 from confluent_kafka.admin import AdminClient
 
-from compose.scaleout import group_assignment  # noqa: F401  (the tests import it from here)
-from compose.topics import produce_all
+from compose.rig.scaleout import group_assignment  # noqa: F401  (the tests import it from here)
+from schemas.kafka.admin import produce_all
 from processors.replay import replay
 from schemas.codec import encode_event
 from schemas.records import RolloutEvent
 from schemas.kafka.config import PARTITIONER as PRODUCER_PARTITIONER
-from schemas.topics import MAX_MESSAGE_BYTES, TopicNames
+from schemas.kafka.topics import MAX_MESSAGE_BYTES, TopicNames
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -244,6 +244,6 @@ def topic_config(bootstrap: str, topic: str) -> dict[str, str]:
 
 
 def topic_names_for(prefix: str) -> TopicNames:
-    from schemas.topics import topic_names
+    from schemas.kafka.topics import topic_names
 
     return topic_names(prefix)

@@ -17,7 +17,7 @@ import uuid
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from compose.topics import ensure_topics
+from schemas.kafka.admin import ensure_topics
 from schemas.codec import decode_snapshot, encode_event
 from tests.factories import event, finished, make_call
 from tests.integration.processors.harness import REPO, FoldWorker, TopicReader, log_report, publish, topic_names_for

@@ -20,7 +20,7 @@ import uuid
 
 import pytest
 
-from compose.topics import ensure_topics
+from schemas.kafka.admin import ensure_topics
 from schemas.codec import encode_event
 from tests.factories import event, finished, retire
 from tests.integration.processors.harness import (

@@ -14,9 +14,9 @@ import confluent_kafka
 import httpx
 import pytest
 
-from compose.harness import run_rollout
-from compose.kafka_broker import kill_broker, restart_broker, start_broker, stop_broker
-from compose.stack import LocalStack
+from compose.harnesses.sdk import run_rollout
+from compose.rig.kafka.broker import kill_broker, restart_broker, start_broker, stop_broker
+from compose.rig.stack import LocalStack
 from schemas.codec import decode_event
 from schemas.ids import call_id_from_response_id
 from schemas.records import CallCaptured

@@ -19,13 +19,13 @@ import httpx
 import pytest
 from confluent_kafka.admin import ConfigResource
 
-from compose.policy import create_app
-from compose.topics import ensure_topics
+from compose.engines.policy import create_app
+from schemas.kafka.admin import ensure_topics
 from producers.app import Interceptor
 from producers.settings import InterceptorSettings
 from schemas.kafka.bridge import admin_client
 from schemas.kafka.versions import VersionFollower
-from schemas.topics import topic_names
+from schemas.kafka.topics import topic_names
 from tests.unit.producers.conftest import RecordingPublisher
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]

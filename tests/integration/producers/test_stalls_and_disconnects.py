@@ -18,7 +18,7 @@ import uuid
 import httpx
 import pytest
 
-from compose.stack import LocalStack
+from compose.rig.stack import LocalStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 

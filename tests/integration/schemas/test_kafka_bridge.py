@@ -19,14 +19,14 @@ import uuid
 
 import pytest
 
-from compose.topics import ensure_topics
+from schemas.kafka.admin import ensure_topics
 from schemas.errors import TransportError
 from schemas.kafka.bridge import AckedProducer, PublishFailed, admin_client
 from schemas.kafka.config import producer_config
 from schemas.kafka.framing import deadletter_headers
 from schemas.kafka.partitioning import partition_for
 from schemas.kafka.scan import TopicReader
-from schemas.topics import topic_names
+from schemas.kafka.topics import topic_names
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 

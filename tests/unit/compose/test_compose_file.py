@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from compose.cli import SUBCOMMANDS
-from schemas.topics import MAX_MESSAGE_BYTES
+from schemas.kafka.topics import MAX_MESSAGE_BYTES
 
 COMPOSE_DIR = Path(__file__).resolve().parents[3] / "compose"
 REPO_ROOT = COMPOSE_DIR.parent
@@ -101,8 +101,8 @@ def test_vllm_is_optional_gpu_service_in_both_deployments(services: dict) -> Non
     assert inengine["environment"]["TOKENTRAIL_BOOTSTRAP"] == "kafka:9092"
     for service in (proxy, inengine):  # the flags tokentrail needs come from one file, mounted in both
         assert _flag(_command(service), "--config") == "/etc/tokentrail/serve.yaml"
-        assert "./vllm_engine/serve.yaml:/etc/tokentrail/serve.yaml:ro" in service["volumes"]
-    flags = yaml.safe_load((COMPOSE_DIR / "vllm_engine" / "serve.yaml").read_text())
+        assert "./engines/vllm_rig/serve.yaml:/etc/tokentrail/serve.yaml:ro" in service["volumes"]
+    flags = yaml.safe_load((COMPOSE_DIR / "engines" / "vllm_rig" / "serve.yaml").read_text())
     assert flags["enable-auto-tool-choice"] is True and flags["tool-call-parser"] == "hermes"
     assert flags["reasoning-parser"] and flags["logprobs-mode"] in ("raw_logprobs", "processed_logprobs")
     assert flags["enable-scale-out"] is True

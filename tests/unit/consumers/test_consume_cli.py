@@ -55,7 +55,7 @@ def test_an_unknown_delivery_is_refused_by_name(capsys):
 @pytest.mark.parametrize(("sink", "field"), [("kafka", "rebuilt"), ("kafka-groups", "rebuilt_groups")])
 def test_a_built_in_kafka_sink_writes_to_this_cluster_under_the_topic_prefix(monkeypatch, sink, field):
     from consumers.sinks import plugin
-    from schemas.topics import topic_names
+    from schemas.kafka.topics import topic_names
 
     built = {}
     monkeypatch.setattr(plugin, "load_sink", lambda target, kwargs: built.update(target=target, kwargs=kwargs))

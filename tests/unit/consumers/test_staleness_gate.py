@@ -139,7 +139,7 @@ async def test_metrics_are_served_on_the_metrics_port():
 
 def test_max_staleness_makes_the_versions_topic_required_and_names_the_command():
     from consumers.loop import check_topics, required_topics
-    from schemas.topics import TopicsUnavailable, topic_names
+    from schemas.kafka.topics import TopicsUnavailable, topic_names
 
     names = topic_names("p.")
     plain = ConsumerSettings(bootstrap="127.0.0.1:9", topics=names)

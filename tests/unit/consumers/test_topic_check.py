@@ -13,7 +13,7 @@ import pytest
 from consumers.sinks.stream import rollout_stream
 from consumers.loop import RebuildConsumer, check_topics, required_topics
 from consumers.settings import ConsumerSettings
-from schemas.topics import REBUILT, TopicsUnavailable, topic_names
+from schemas.kafka.topics import REBUILT, TopicsUnavailable, topic_names
 from tests.unit.consumers.fakes import FakeConsumer, FakeProducer, Journal, RecordingSink
 
 REPO = Path(__file__).resolve().parents[3]

@@ -15,7 +15,7 @@ from processors.app import claim_local_state, create_app, release_local_state
 from processors.settings import ProcessorSettings
 from processors.state import header_codec, header_key
 from schemas.codec import decode_snapshot, encode_event
-from schemas.topics import MAX_MESSAGE_BYTES
+from schemas.kafka.topics import MAX_MESSAGE_BYTES
 from tests.factories import event, finished, make_call, retire
 
 

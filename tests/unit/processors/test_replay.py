@@ -80,7 +80,7 @@ def test_state_records_do_not_touch_the_contract_codec_table():
 def test_outside_processors_only_the_fold_and_replay_api_are_imported():
     """ARCHITECTURE §3: consumers (and the benchmarks) never read the state key layout or its codecs."""
     allowed = {"processors.fold", "processors.replay"}
-    for folder in ("consumers", "compose/bench"):
+    for folder in ("consumers", "compose/tools/bench"):
         for path in (REPO / folder).rglob("*.py"):
             for module in re.findall(r"(?:from|import)\s+(processors(?:\.\w+)?)", path.read_text()):
                 assert module in allowed, f"{path.relative_to(REPO)} imports {module}"

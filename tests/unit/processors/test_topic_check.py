@@ -1,6 +1,6 @@
 """The worker's startup topic check: a bounded wait, then a message naming the missing topics (no broker).
 
-`schemas.topics.wait_for_topics` is the one rule both runtime processes use; it is
+`schemas.kafka.topics.wait_for_topics` is the one rule both runtime processes use; it is
 driven here with a fake admin client and a fake clock, and the `process` command
 against an address where no broker listens must exit 4 within its wait.
 """
@@ -17,7 +17,7 @@ import pytest
 
 from processors.app import check_topics, required_topics
 from processors.settings import ProcessorSettings
-from schemas.topics import TopicsUnavailable, topic_names, topic_prefix, topics_command, wait_for_topics
+from schemas.kafka.topics import TopicsUnavailable, topic_names, topic_prefix, topics_command, wait_for_topics
 
 REPO = Path(__file__).resolve().parents[3]
 

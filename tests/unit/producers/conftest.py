@@ -129,7 +129,7 @@ async def app(publisher, upstream):
 @pytest.fixture
 async def make_interceptor(publisher, tmp_path):
     """An interceptor in front of the in-process reference policy server; settings overridable."""
-    from compose.policy import create_app
+    from compose.engines.policy import create_app
 
     clients = []
 

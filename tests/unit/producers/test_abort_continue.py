@@ -14,7 +14,7 @@ import json
 import httpx
 import pytest
 
-from compose.policy import create_app
+from compose.engines.policy import create_app
 from producers.app import Interceptor
 from producers.settings import InterceptorSettings
 from schemas.records import CallCaptured, CallIncomplete

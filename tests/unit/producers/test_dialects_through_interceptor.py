@@ -10,7 +10,7 @@ import httpx2
 import openai
 import pytest
 
-from compose.policy import create_app
+from compose.engines.policy import create_app
 from producers.app import Interceptor
 from producers.settings import InterceptorSettings
 from schemas.ids import call_id_from_response_id

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from compose.policy import create_app
+from compose.engines.policy import create_app
 from producers.inprocess import StreamingASGITransport
 from producers.middleware import TokentrailMiddleware
 from producers.middleware_env import settings_from_env

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from compose.policy.testkit import BASH, parse_sse
+from compose.engines.policy.testkit import BASH, parse_sse
 from schemas.hashing import compute_digest
 from schemas.records import CallCaptured, CallIncomplete, ParentResolution
 

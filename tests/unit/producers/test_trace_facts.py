@@ -197,7 +197,7 @@ async def test_a_responses_string_input_is_its_opening_message(over_engine, publ
 # -- agent_name ----------------------------------------------------------------------------------
 
 def codex_metadata(**fields) -> str:
-    # Trimmed from what Codex 0.171 sent (compose/codex), main agent unless overridden.
+    # Trimmed from what Codex 0.171 sent (compose/harnesses/codex), main agent unless overridden.
     base = {"session_id": "01a23537-05f6", "thread_id": "01a23537-05f6", "agent_name": "/root",
             "request_kind": "turn", "thread_source": "user", "turn_trigger": "exec", "model": "tokentrail-policy"}
     return json.dumps({**base, **fields})

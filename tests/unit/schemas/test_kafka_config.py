@@ -15,7 +15,7 @@ import pytest
 import schemas.kafka.bridge as bridge
 from schemas.kafka.config import (PARTITIONER, QUIET_LOGGER, admin_config, consumer_config, delivery_timeout_s,
                                   producer_config)
-from schemas.topics import MAX_MESSAGE_BYTES
+from schemas.kafka.topics import MAX_MESSAGE_BYTES
 
 BOOT = "127.0.0.1:9"
 
@@ -124,7 +124,7 @@ def test_the_gym_adapters_use_the_builder(recorded):
 
 
 def test_compose_produce_all_goes_through_the_bridge(recorded):
-    from compose.topics import produce_all
+    from schemas.kafka.admin import produce_all
 
     producer = RecordingProducer(producer_config(BOOT, linger_ms=20))
     produce_all(producer, "t", [(b"k", b"v"), (b"k2", b"v2")])

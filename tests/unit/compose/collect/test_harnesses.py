@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-import compose.claude_code as cc
-import compose.codex.runner as cx
-from compose.claude_code.runner import ClaudeCodeResult
-from compose.codex.runner import CodexResult
+import compose.harnesses.claude_code as cc
+import compose.harnesses.codex.runner as cx
+from compose.harnesses.claude_code.runner import ClaudeCodeResult
+from compose.harnesses.codex.runner import CodexResult
 from compose.collect.harnesses import Attempt, ClaudeCodeHarness, CodexHarness, OpenAISdkHarness
 from compose.collect.outcome import FailureClass
 from compose.collect.settings import CollectSettings
-from compose.harness import Outcome
+from compose.harnesses.sdk import Outcome
 
 SETTINGS = CollectSettings(tasks=Path("t"), out=Path("o.jsonl"), harness="claude-code", local=True,
                            call_timeout_s=12.5, max_turns=7)

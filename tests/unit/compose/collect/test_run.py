@@ -16,7 +16,7 @@ from compose.collect.settings import CollectSettings
 from compose.collect.tasks import load_tasks, tasks_digest
 from compose.collect.verify import check_verifiers
 from schemas.errors import TransportError
-from schemas.topics import topic_names
+from schemas.kafka.topics import topic_names
 
 STACK = StackAddress("127.0.0.1:1", "http://127.0.0.1:2", topic_names("t."), None)
 

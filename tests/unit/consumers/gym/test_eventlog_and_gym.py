@@ -69,7 +69,7 @@ async def test_a_call_id_the_processor_would_dead_letter_is_refused_before_anyth
 def test_a_freeze_over_an_undecodable_record_answers_the_processors_decision_instead_of_raising():
     from consumers.gym.adapters import _fold_until
     from consumers.replay.eventlog import LoggedEvent
-    from schemas.topics import key_for
+    from schemas.kafka.topics import key_for
     from tests.factories import make_call
 
     call = make_call([11, 12], [13, 14], call_id="call-1")

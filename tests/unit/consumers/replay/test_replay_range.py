@@ -21,7 +21,7 @@ from consumers.replay.eventlog import LoggedEvent
 from consumers.replay.rollouts import parse_bound, parse_duration
 from schemas.codec import encode_event
 from schemas.errors import ConfigError
-from schemas.topics import key_for
+from schemas.kafka.topics import key_for
 from tests.factories import event, finished
 from tests.unit.consumers.support import child, root
 

@@ -24,7 +24,7 @@ from consumers.replay.rollouts import fold_records, rule_changes
 from consumers.replay.summary import render_text, summarize
 from schemas.codec import encode_event
 from schemas.hashing import text_digest
-from schemas.topics import key_for
+from schemas.kafka.topics import key_for
 from tests.factories import event
 from tests.unit.consumers.support import child, declared, root, unresolved
 

@@ -18,8 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from compose.policy import PolicySettings, create_app
-from compose.policy.testkit import parse_sse
+from compose.engines.policy import PolicySettings, create_app
+from compose.engines.policy.testkit import parse_sse
 from producers.dialects import anthropic as adialect
 from producers.dialects import responses as rdialect
 from producers.dialects.common import DialectError

@@ -1,0 +1,1 @@
+"""Operator commands of the runtime: ``tokentrail topics``, ``versions`` and ``replay``."""

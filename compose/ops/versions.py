@@ -1,0 +1,104 @@
+"""``tokentrail versions``: the trainer's announcements of policy versions.
+
+``announce LABEL --step N`` publishes the version on the compacted policy-versions topic
+(``schemas.kafka.versions.announce_version``), after forwarding the label to the engine's
+``/update_weight_version`` when ``--engine`` is given (vLLM dev mode), so the engine's own
+spans and tokentrail's agree. ``show`` prints every announced label with its step, the current
+one marked. Exit 0 done, 2 invalid arguments, 3 the broker or the engine refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import urllib.parse
+
+from schemas.kafka.topics import add_topic_options
+
+EXIT_INVALID, EXIT_TRANSPORT = 2, 3
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    announce = sub.add_parser("announce", help="publish a new current policy version")
+    announce.add_argument("label", help="the version label (as the engine reports it)")
+    announce.add_argument("--step", type=int, required=True, help="the trainer's update count (orders versions)")
+    announce.add_argument("--weights", default="", help="how the weights reached the engine (free text)")
+    announce.add_argument("--engine", help="first POST the label to this vLLM server's /update_weight_version "
+                                           "(served with VLLM_SERVER_DEV_MODE=1)")
+    announce.add_argument("--engine-api-key", default=os.environ.get("VLLM_API_KEY"),
+                          help="bearer token of the engine (default: $VLLM_API_KEY)")
+    show = sub.add_parser("show", help="print the announced versions")
+    show.add_argument("--json", action="store_true", help="one JSON object per label")
+    for sp in (announce, show):
+        sp.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
+        add_topic_options(sp, wait=False)
+
+
+def main(args: argparse.Namespace) -> int:
+    from schemas.errors import ContractError, TransportError
+    from schemas.policy_versions import PolicyVersion
+    from schemas.kafka.topics import check_bootstrap, topic_names
+
+    topic = topic_names(args.topic_prefix).policy_versions
+    try:
+        check_bootstrap(args.bootstrap)
+        if args.action == "announce":
+            PolicyVersion(label=args.label, step=args.step)  # validated before any I/O
+            _check_engine(args.engine)
+    except (ValueError, ContractError) as exc:
+        print(f"tokentrail versions: invalid arguments: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        if args.action == "announce":
+            return _announce(args, topic)
+        return _show(args, topic)
+    except TransportError as exc:
+        print(f"tokentrail versions: {exc}", file=sys.stderr)
+        return EXIT_TRANSPORT
+
+
+def _announce(args: argparse.Namespace, topic: str) -> int:
+    from compose.engines.vllm_rig.admin import set_version
+    from schemas.kafka.versions import announce_version
+
+    if args.engine:  # the engine first: the topic never names a version the engine refused
+        set_version(args.engine, args.label, api_key=args.engine_api_key)
+    announcement = announce_version(args.bootstrap, args.label, args.step, topic=topic, weights=args.weights)
+    print(json.dumps({"label": announcement.label, "step": announcement.step, "topic": topic,
+                      "engine": args.engine or None}))
+    return 0
+
+
+def _check_engine(url: str | None) -> None:
+    parts = urllib.parse.urlsplit(url or "")
+    if url is not None and (parts.scheme not in ("http", "https") or not parts.netloc):
+        raise ValueError(f"--engine={url!r}: must be the engine's base URL, http(s)://host:port")
+
+
+def _show(args: argparse.Namespace, topic: str) -> int:
+    from schemas.kafka.versions import VersionFollower
+
+    follower = VersionFollower(args.bootstrap, topic).start()
+    try:
+        if not follower.wait_caught_up(30):
+            print(f"tokentrail versions: {topic} not read to its end within 30 s", file=sys.stderr)
+            return EXIT_TRANSPORT
+        book = follower.book
+    finally:
+        follower.close()
+    current = book.current_label
+    for label, step in sorted(book.steps().items(), key=lambda kv: (kv[1], kv[0])):
+        if args.json:
+            print(json.dumps({"label": label, "step": step, "current": label == current}))
+        else:
+            print(f"{'*' if label == current else ' '} {step:>8}  {label}")
+    if not args.json and current is None:
+        print(f"(no version announced on {topic})")
+    if not args.json and current is not None:
+        at = datetime.datetime.fromtimestamp(book.current.announced_at, datetime.timezone.utc).isoformat()
+        print(f"current: {current} (step {book.current.step}, announced {at})")
+    return 0

@@ -1,0 +1,1 @@
+"""Tools that exercise the stack: ``bench`` (figures), ``chaos`` (faults under load), the demos."""

@@ -1,0 +1,236 @@
+"""Interceptor added latency, durable ack included, against calling the engine directly (same run).
+
+Brings up a Kafka broker (jars), the reference policy server and the
+interceptor as separate processes; sends the same chat request (an ~8k-token
+prompt, 512 generated tokens, ``ignore_eos``) at a fixed concurrency, directly
+to the engine (asking for the same token fields the interceptor asks for, so
+the engine does the same work) and through the interceptor, in alternating
+rounds. Prints client-observed latency percentiles for both, their difference,
+and the interceptor's own per-call overhead from its ``Server-Timing`` header
+(time not spent waiting for the engine: parsing, hashing, encoding, the Kafka
+ack, answering). Budgets (ARCHITECTURE §8): added latency p50 ≤ 3 ms, p99 ≤ 10 ms (proxy);
+capture overhead p50 ≤ 1 ms, p99 ≤ 5 ms.
+
+``--engine vllm`` puts real vLLM (its CPU build from ``make vllm``, on the tiny
+random-weight checkpoint) in place of the reference server, in both deployments: in
+front of it as a proxy, and inside its server as ``--middleware`` (the baseline is then
+the same server's uncaptured route). Decode speed is then the CPU engine's own.
+
+A broker in production has run for days; a JVM started a second ago answers
+its first thousands of produce requests several times slower (JIT warm-up).
+So before measuring, the broker is warmed with ``--broker-warmup`` sequential
+acknowledged records of a capture's size, and the last thousand of them give
+the same-run baseline of a bare durable ack (``Kafka ack, direct``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating direct/via rounds")
+    parser.add_argument("--calls-per-round", type=int, default=128)
+    parser.add_argument("--prompt-words", type=int, default=4100, help="~8k prompt tokens with the default")
+    parser.add_argument("--gen-tokens", type=int, default=512)
+    parser.add_argument("--decode-ms-per-token", type=float, default=5.0,
+                        help="emulated engine decode time per token (0: the CPU engine answers in ms, and 64-way "
+                             "concurrency then measures queueing on this machine, not the interceptor)")
+    parser.add_argument("--broker-warmup", type=int, default=3000,
+                        help="sequential acked records sent to the broker before measuring (0: none)")
+    parser.add_argument("--deployment", choices=["proxy", "middleware", "both"], default="both",
+                        help="proxy: tokentrail intercept in front of the engine; middleware: inside its server")
+    parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    parser.add_argument("--engine", choices=["reference", "vllm"], default="reference",
+                        help="reference: tokentrail policy (decode emulated); vllm: the real engine (CPU build, "
+                             "`make vllm`) on the tiny random-weight checkpoint")
+
+
+def _pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+async def _load(url: str, body: dict, n: int, concurrency: int, timings: list[float] | None,
+                stagger_s: float = 0.0, engine: list[float] | None = None,
+                hop: list[float] | None = None, seeded: bool = True) -> list[float]:
+    """``concurrency`` closed-loop clients; client i starts ``i * stagger_s / concurrency`` late, so that
+    calls are in flight all the time but do not all finish at the same instant (as in a real run)."""
+    import httpx
+
+    latencies: list[float] = []
+    remaining = iter(range(n))
+    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=concurrency * 2)) as http:
+        async def client(k: int) -> None:
+            await asyncio.sleep(k * stagger_s / concurrency)
+            for i in remaining:
+                t0 = time.perf_counter()
+                # Seeds vary the reference engine's outputs; vLLM's CPU build (0.32) dies on a
+                # per-request seed ("CPU Generator does not use offset", EngineDeadError).
+                r = await http.post(url, json={**body, "seed": i} if seeded else body)
+                latencies.append(time.perf_counter() - t0)
+                r.raise_for_status()
+                if timings is not None:
+                    parts = dict(p.strip().partition(";dur=")[::2] for p in r.headers.get("server-timing", "").split(","))
+                    timings.append(float(parts["tokentrail"]) / 1000)
+                    if engine is not None:
+                        engine.append(float(parts["engine"]) / 1000)
+                    if hop is not None:  # what the server-side timings do not cover: the client's HTTP hop
+                        hop.append(latencies[-1] - timings[-1] - (engine or [0.0])[-1])
+
+        await asyncio.gather(*(client(k) for k in range(concurrency)))
+    return latencies
+
+
+def main(args: argparse.Namespace) -> int:
+    from compose.rig.kafka.broker import ensure_jars, start_broker, stop_broker
+
+    run_dir = Path(tempfile.mkdtemp(prefix="tokentrail-bench-"))
+    broker_dir = None
+    bootstrap = args.bootstrap
+    if bootstrap is None:
+        ensure_jars()
+        broker_dir = run_dir / "kafka"
+        bootstrap = start_broker(broker_dir).bootstrap
+    try:
+        acks = _warm_broker(bootstrap, args.broker_warmup, tag=time.strftime("%H%M%S"))
+        for deployment in (["proxy", "middleware"] if args.deployment == "both" else [args.deployment]):
+            _run(args, deployment, bootstrap, run_dir / deployment)
+        if acks:
+            print(f"Kafka ack, direct        p50 {_ms(_pct(acks, 50))}   p99 {_ms(_pct(acks, 99))}   (bare acks=all "
+                  f"produce of a capture-sized record, after {args.broker_warmup} warm-up records)")
+    finally:
+        if broker_dir is not None:
+            stop_broker(broker_dir)
+    return 0
+
+
+def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Path) -> None:
+    """One deployment: ``proxy`` (``tokentrail intercept`` in front of the engine: one more HTTP hop) or
+    ``middleware`` (the capture inside the engine's server, as ``vllm serve --middleware``; the baseline is
+    the same server's uncaptured route)."""
+    import contextlib
+
+    import httpx
+
+    from compose.rig.stack import LocalStack
+    from compose.engines.vllm_rig.engine import SERVED_NAME, VllmEngine
+
+    prompt = " ".join(f"word{i % 977} and" for i in range(args.prompt_words // 2))
+    body = {"model": SERVED_NAME if args.engine == "vllm" else "tokentrail-policy",
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": args.gen_tokens, "ignore_eos": True}
+    direct_body = {**body, "return_token_ids": True, "logprobs": True, "top_logprobs": 0, "include_reasoning": True}
+    tag = time.strftime("%H%M%S")
+    prefix = f"bench{deployment}{tag}."
+    policy_args: tuple[str, ...] = ("--decode-ms-per-token", str(args.decode_ms_per_token))
+    policy_env: dict[str, str] = {}
+    middleware: tuple[str, ...] = ()
+    if deployment == "middleware":
+        middleware = ("--middleware", "producers.middleware.TokentrailMiddleware")
+        policy_env = {"TOKENTRAIL_BOOTSTRAP": bootstrap, "TOKENTRAIL_TOPIC_PREFIX": prefix}
+    with contextlib.ExitStack() as running:
+        engine_url = None
+        if args.engine == "vllm":
+            engine_url = running.enter_context(VllmEngine(run_dir / "vllm", variant="random", env=policy_env,
+                                                          extra_args=middleware)).url
+        else:
+            policy_args += middleware
+        stack = running.enter_context(LocalStack(
+            bootstrap, run_dir, topic_prefix=prefix, with_pipeline=False, policy_args=policy_args,
+            policy_env=policy_env, upstream_url=engine_url,
+            interceptor_in_engine=engine_url is not None and deployment == "middleware"))
+        capture_base = stack.interceptor_url if deployment == "proxy" else stack.policy_url
+        via_url = f"{capture_base}/ng-rollout/bench-{tag}/training-token-capture/v1/chat/completions"
+        direct_url = f"{stack.policy_url}/v1/chat/completions"
+        # Warm both paths (engine tables, connections, the producer's id).
+        seeded = args.engine != "vllm"
+        asyncio.run(_load(direct_url, direct_body, 16, 8, None, seeded=seeded))
+        asyncio.run(_load(via_url, body, 16, 8, None, seeded=seeded))
+        direct: list[float] = []
+        via: list[float] = []
+        ours: list[float] = []
+        engine_seen: list[float] = []
+        hop: list[float] = []
+        stagger = args.decode_ms_per_token * args.gen_tokens / 1000
+        for _ in range(args.rounds):
+            direct += asyncio.run(_load(direct_url, direct_body, args.calls_per_round, args.concurrency, None,
+                                        stagger, seeded=seeded))
+            via += asyncio.run(_load(via_url, body, args.calls_per_round, args.concurrency, ours, stagger,
+                                     engine_seen, hop, seeded=seeded))
+        prompt_tokens = _prompt_tokens(stack.policy_url, body)
+        metrics_path = "/metrics" if deployment == "proxy" else "/tokentrail/metrics"
+        metrics = httpx.get(f"{capture_base}{metrics_path}", timeout=10).text
+    decode = ("real vLLM (CPU build), tiny random-weight checkpoint" if args.engine == "vllm" else
+              f"reference engine, decode {args.decode_ms_per_token} ms/token")
+    print(f"== {deployment}: {len(via)} calls per path, concurrency {args.concurrency}, prompt {prompt_tokens} "
+          f"tokens, {args.gen_tokens} generated tokens, {decode}, durable ack (acks=all) on every captured call")
+    baseline = "direct to engine" if deployment == "proxy" else "uncaptured route"
+    print(f"{baseline:<24} p50 {_ms(_pct(direct, 50))}   p99 {_ms(_pct(direct, 99))}")
+    print(f"{'captured':<24} p50 {_ms(_pct(via, 50))}   p99 {_ms(_pct(via, 99))}")
+    print(f"{'added (client view)':<24} p50 {_ms(_pct(via, 50) - _pct(direct, 50))}   "
+          f"p99 {_ms(_pct(via, 99) - _pct(direct, 99))}   (budget p50 <= 3 ms, p99 <= 10 ms)")
+    print(f"{'capture overhead':<24} p50 {_ms(_pct(ours, 50))}   p99 {_ms(_pct(ours, 99))}   "
+          f"mean {_ms(statistics.fmean(ours))}   (budget p50 <= 1 ms, p99 <= 5 ms; Server-Timing: all but the engine "
+          "wait, durable ack included)")
+    print(f"{'engine as seen by it':<24} p50 {_ms(_pct(engine_seen, 50))}   p99 {_ms(_pct(engine_seen, 99))}")
+    what = ("the proxy's extra HTTP hop" if deployment == "proxy" else
+            "the server's own HTTP hop, which the uncaptured route pays too")
+    print(f"{'client <-> server':<24} p50 {_ms(_pct(hop, 50))}   p99 {_ms(_pct(hop, 99))}   "
+          f"(client latency less both Server-Timing parts: {what})")
+    print(f"{'  of which Kafka ack':<24} p50 <= {_hist_pct(metrics, 'tokentrail_publish_seconds', 50) * 1000:.1f} ms"
+          f"   p99 <= {_hist_pct(metrics, 'tokentrail_publish_seconds', 99) * 1000:.1f} ms   (histogram bucket bounds)")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:8.2f} ms"
+
+
+def _warm_broker(bootstrap: str, n: int, tag: str, size: int = 6 << 10) -> list[float]:
+    """Send ``n`` acked records one at a time; the ack latencies of the last 1000 (seconds)."""
+    if n <= 0:
+        return []
+    import confluent_kafka
+
+    from schemas.kafka.config import producer_config
+
+    producer = confluent_kafka.Producer(producer_config(bootstrap, linger_ms=0))
+    topic, value, out = f"bench{tag}.warmup", b"x" * size, []
+    for i in range(n):
+        done: list = []
+        start = time.perf_counter()
+        producer.produce(topic, key=str(i % 64).encode(), value=value, on_delivery=lambda err, msg: done.append(err))
+        while not done:
+            producer.poll(0.0005)
+        if done[0] is not None:
+            raise RuntimeError(f"broker warm-up: {done[0]}")
+        out.append(time.perf_counter() - start)
+    producer.flush(10)
+    return out[-1000:]
+
+
+def _hist_pct(text: str, name: str, p: float) -> float:
+    """Upper bound of the bucket holding the p-th percentile of a Prometheus histogram."""
+    buckets = []
+    for line in text.splitlines():
+        if line.startswith(f"{name}_bucket{{"):
+            le = line.split('le="')[1].split('"')[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
+    total = buckets[-1][1] if buckets else 0
+    for bound, count in buckets:
+        if total and count >= total * p / 100:
+            return bound
+    return float("nan")
+
+
+def _prompt_tokens(policy_url: str, body: dict) -> int:
+    import httpx
+
+    r = httpx.post(f"{policy_url}/tokenize", json={"messages": body["messages"]}, timeout=30)
+    return int(r.json().get("count", len(r.json().get("tokens", []))))
