@@ -106,7 +106,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     import uvicorn
 
-    from producers.app import Interceptor
+    from producers.http.app import Interceptor
     from producers.logs import configure_logging
 
     configure_logging(args.log_level, args.log_format)

@@ -2,7 +2,7 @@
 
 Three ways, one event: ``finish_rollout(...)`` (Python), ``tokentrail finish``
 (CLI) and ``POST /rollouts/<id>/finish`` on the interceptor (bearer token,
-``producers.control``). Each returns only after Kafka acknowledged the event.
+``producers.http.control``). Each returns only after Kafka acknowledged the event.
 This module imports no HTTP framework: a trainer calling ``finish_rollout`` pulls
 in the Kafka client, not starlette (``test_finish_validation`` proves it).
 
@@ -21,9 +21,9 @@ import json
 from typing import Any
 
 from producers.dialects.common import json_type
-from producers.events import default_source, make_event
-from producers.json_limits import load_json, nesting_problem
-from producers.publisher import KafkaPublisher, producer_config
+from producers.capture.events import default_source, make_event
+from producers.http.json_limits import load_json, nesting_problem
+from producers.capture.publisher import KafkaPublisher, producer_config
 from schemas.avro_fields import INT_MAX, check_fields
 from schemas.errors import ContractError
 from schemas.ids import validate_rollout_id

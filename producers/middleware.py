@@ -5,7 +5,7 @@ itself, called in-process through a streaming ASGI transport (httpx's own
 ASGITransport buffers whole responses, which would break true streaming).
 Paths under ``/ng-rollout/``, the control routes and ``/tokentrail/metrics`` go
 to the interceptor; everything else goes straight to the wrapped app. Under
-``/ng-rollout/`` the interceptor's route table (``producers.route_policy``) holds
+``/ng-rollout/`` the interceptor's route table (``producers.http.route_policy``) holds
 exactly as in the proxy: vLLM's admin routes (LoRA, sleep/wake, cache resets,
 ``collective_rpc``, pause/resume, weight versions) reached through the prefix are
 refused, never handed to vLLM; the rollout token and the body-size limit apply too.
@@ -45,13 +45,13 @@ from typing import Any
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from producers.app import Interceptor
+from producers.http.app import Interceptor
 from producers.dialects.base import DialectAdapter
 from producers.dialects.registry import DIALECTS
-from producers.http import error_response
-from producers.inprocess import StreamingASGITransport
+from producers.http.replies import error_response
+from producers.http.inprocess import StreamingASGITransport
 from producers.middleware_env import IN_PROCESS, claim_spool_dir, settings_from_env
-from producers.routing import parse_route
+from producers.http.routing import parse_route
 from producers.settings import InterceptorSettings
 from schemas.errors import ConfigError, ContractError, DurabilityError
 

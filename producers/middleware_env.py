@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from producers.settings import InterceptorSettings
-from producers.spool import Spool
+from producers.capture.spool import Spool
 from schemas.errors import ConfigError, DurabilityError
 from schemas.kafka.topics import topic_names
 

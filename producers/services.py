@@ -17,17 +17,17 @@ from typing import Any
 import httpx
 from starlette.requests import Request
 
-from producers import http
-from producers.capture import CaptureCore
-from producers.durable import DurableWriter
-from producers.engine_info import EngineCatalog, probe_prefix_supply
-from producers.engine_pool import linear_pool
-from producers.lineage_index import LineageIndex
+from producers.http import replies
+from producers.capture.core import CaptureCore
+from producers.capture.durable import DurableWriter
+from producers.engine.info import EngineCatalog, probe_prefix_supply
+from producers.engine.pool import linear_pool
+from producers.capture.lineage_index import LineageIndex
 from producers.metrics import InterceptorMetrics
-from producers.publisher import KafkaPublisher
+from producers.capture.publisher import KafkaPublisher
 from producers.settings import InterceptorSettings
-from producers.spool import Spool
-from producers.version_clock import VersionClock
+from producers.capture.spool import Spool
+from producers.capture.version_clock import VersionClock
 from schemas.errors import TransportError
 
 log = logging.getLogger("tokentrail.interceptor")
@@ -69,7 +69,7 @@ class CaptureServices:
 
     def upstream_headers(self, request: Request) -> dict[str, str | bytes]:
         """The harness's headers for the engine, under this interceptor's credential policy."""
-        return http.upstream_headers(request.headers, self.settings.upstream_api_key)
+        return replies.upstream_headers(request.headers, self.settings.upstream_api_key)
 
 
 def engine_client(settings: InterceptorSettings) -> httpx.AsyncClient:

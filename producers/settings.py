@@ -79,14 +79,14 @@ class InterceptorSettings(BaseModel):
     )
     forward_unknown_routes: bool = Field(
         False, description="Forward routes the route table does not list, on bare paths only (a trusted engine); "
-                           "under /ng-rollout/ the table always holds (producers.route_policy)"
+                           "under /ng-rollout/ the table always holds (producers.http.route_policy)"
     )
     abort_policy: Literal["mask", "continue"] = Field(
         "mask", description="A generation the engine aborts (paused for a weight update, /pause?mode=abort): "
                             "'mask' records it aborted and tells the harness to retry (the rollout masks "
                             "aborted_by_update unless the retry is captured); 'continue' resubmits the prompt plus "
                             "the partial generation as prompt ids once the engine takes requests again and "
-                            "answers the harness once, token-exact (producers.continuation)"
+                            "answers the harness once, token-exact (producers.engine.continuation)"
     )
     follow_versions: bool = Field(
         False, description="Follow the policy-versions topic (the trainer's announcements) for the version each "

@@ -1,7 +1,7 @@
 """The lineage rules, in one place: which earlier call a request continues, and when a link holds (pure).
 
 Four components decide lineage and must decide it the same way: the
-interceptor before dispatch (``producers.lineage_index``), the Gym lineage
+interceptor before dispatch (``producers.capture.lineage_index``), the Gym lineage
 adapter over the published calls (``consumers.gym``), the processor, which is
 the authority (``processors.lineage``), and the rebuild, which re-verifies every
 link it is handed (``consumers.rebuild.links``). They share these rules:

@@ -56,7 +56,7 @@ class IncompleteReason(StrEnum):
     MISSING_TOKEN_IDS = "missing_token_ids"
     PARTIAL_TOKEN_METADATA = "partial_token_metadata"
     UNKNOWN_ROUTE = "unknown_route"
-    # A generating call this build cannot capture (producers.app): forwarded uncaptured and
+    # A generating call this build cannot capture (producers.http.app): forwarded uncaptured and
     # the rollout marked incomplete (fail closed).
     CAPTURE_UNSUPPORTED = "capture_unsupported"
     STREAM_INTERRUPTED = "stream_interrupted"
@@ -72,9 +72,9 @@ class IncompleteReason(StrEnum):
     # (e.g. tool arguments that are not a JSON object for Anthropic); the harness got a 502.
     UNTRANSLATABLE_OUTPUT = "untranslatable_output"
     # The engine did not answer within engine_timeout_s, or its stream was silent for
-    # stream_idle_timeout_s (producers.engine_call); detail names which and how long.
+    # stream_idle_timeout_s (producers.call.dispatch); detail names which and how long.
     ENGINE_TIMEOUT = "engine_timeout"
-    # The harness went away before its stream's terminal event (producers.stream_pump): the
+    # The harness went away before its stream's terminal event (producers.call.stream): the
     # engine stream was closed and the generation is not captured; detail says what it got.
     CLIENT_DISCONNECTED = "client_disconnected"
 

@@ -65,7 +65,7 @@ class KafkaFinisher:
     """RolloutFinished to the rollout-events topic, acknowledged by Kafka (``producers.finish``)."""
 
     def __init__(self, stack: StackAddress) -> None:
-        from producers.publisher import KafkaPublisher, producer_config
+        from producers.capture.publisher import KafkaPublisher, producer_config
         from schemas.kafka.config import QUIET_LOGGER
 
         self.stack = stack

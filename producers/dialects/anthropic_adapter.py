@@ -16,8 +16,8 @@ from starlette.responses import Response
 from producers.dialects import anthropic
 from producers.dialects.base import ParsedRequest, SpecAdapter, StreamAdapter, TranslatingStream
 from producers.dialects.common import encode_sse
-from producers.engine_info import engine_message
-from producers.http import json_response
+from producers.engine.info import engine_message
+from producers.http.replies import json_response
 
 __all__ = ["AnthropicAdapter"]
 

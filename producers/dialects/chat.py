@@ -18,8 +18,8 @@ from starlette.responses import Response
 
 from producers.dialects.base import ParsedRequest, SpecAdapter, StreamAdapter
 from producers.dialects.common import DialectError, check_fields, expect, expect_objects, shown
-from producers.extract import CHOICE_TOKEN_FIELDS, TOP_LEVEL_TOKEN_FIELDS, strip_chat_response
-from producers.http import error_response, json_response
+from producers.engine.extract import CHOICE_TOKEN_FIELDS, TOP_LEVEL_TOKEN_FIELDS, strip_chat_response
+from producers.http.replies import error_response, json_response
 
 __all__ = ["DONE", "ChatAdapter", "ChatStreamAdapter", "check_chat_request"]
 

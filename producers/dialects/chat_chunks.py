@@ -1,6 +1,6 @@
 """The one reader of the engine's chat-completions stream chunks (pure).
 
-Both the capture (``producers.streaming.ChatStreamAccumulator``, which assembles the
+Both the capture (``producers.engine.chat_stream.ChatStreamAccumulator``, which assembles the
 call's tokens) and the dialect translators (``common.ChunkReader``, which turn a stream
 into Anthropic or Responses events) read a vLLM 0.33 chunk through ``read_chunk``, so
 "what a chunk says" has one set of rules:

@@ -7,7 +7,7 @@ Guarantees:
   there is text, then one ``function_call`` item per tool call (``call_id`` = the chat
   call's id, ``arguments`` verbatim; ``namespace`` when the request offered the function
   inside a ``namespace`` tool, as the OpenAI API marks such a call). The same items the
-  interceptor records as output (``producers.extract.chat_output_items``), so the echo
+  interceptor records as output (``producers.engine.extract.chat_output_items``), so the echo
   hashes like the captured output.
 * Item ids are deterministic: ``rs_`` / ``msg_`` / ``fc_`` + ``<response_id>_<output index>``;
   a stream of the same generation yields the same ids (``responses_stream``).

@@ -19,7 +19,7 @@ write byte-identical records. Lost acks are classified once (`classify`): a
 failure after which the record certainly never reached a broker is
 ``possibly_persisted=False``; one no retry can fix is ``permanent``; every other
 failure, a message timeout included, may have been persisted (its ack was lost),
-so whoever retries must check first (``producers.durable``). One close policy:
+so whoever retries must check first (``producers.capture.durable``). One close policy:
 ``close`` flushes for at most the producer's delivery timeout (past it
 librdkafka has failed every queued record anyway) and returns how many records
 were left unflushed.

@@ -9,7 +9,7 @@ Records are yielded one at a time: memory stays bounded by one fetch whatever
 the partition holds; with ``key``, records of other keys are skipped before
 anything is decoded. Every client error is a ``TransportError`` naming the
 topic and partition. Used by the interceptor's presence check
-(``producers.durable``) and by replay and the Gym adapters
+(``producers.capture.durable``) and by replay and the Gym adapters
 (``consumers.replay.eventlog``).
 
 With ``schemas.kafka.bridge`` this is the only ``schemas`` module that imports a

@@ -148,7 +148,7 @@ def push_weights(engine_url: str, weights: Path | str | Mapping[str, Any], versi
     set_version(engine_url, version_label)
     if announce is not None:
         # Before the resume: an interceptor that splits streams where the version changed
-        # (producers.version_clock) must know the new version before any token of it exists.
+        # (producers.capture.version_clock) must know the new version before any token of it exists.
         announce(version_label)
     resume(engine_url)
     return MECHANISM

@@ -83,7 +83,7 @@ async def rollout_bytes(*, calls: int, delta: bool, tool_words: int, system_word
 
     from compose.engines.policy import create_app
     from compose.engines.policy.testkit import BASH
-    from producers.app import Interceptor
+    from producers.http.app import Interceptor
     from producers.settings import InterceptorSettings
 
     recorder = _Recorder()

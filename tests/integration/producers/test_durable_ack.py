@@ -19,7 +19,7 @@ import pytest
 from compose.rig.kafka.broker import start_broker, stop_broker
 from compose.engines.policy import create_app
 from schemas.kafka.admin import ensure_topics
-from producers.app import Interceptor
+from producers.http.app import Interceptor
 from producers.settings import InterceptorSettings
 from schemas.codec import decode_event
 from schemas.records import CallCaptured

@@ -21,7 +21,7 @@ from confluent_kafka.admin import ConfigResource
 
 from compose.engines.policy import create_app
 from schemas.kafka.admin import ensure_topics
-from producers.app import Interceptor
+from producers.http.app import Interceptor
 from producers.settings import InterceptorSettings
 from schemas.kafka.bridge import admin_client
 from schemas.kafka.versions import VersionFollower

@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-from producers.app import Interceptor
+from producers.http.app import Interceptor
 from producers.settings import InterceptorSettings
-from producers.publisher import PublishFailed
+from producers.capture.publisher import PublishFailed
 from schemas.codec import decode_event
 from schemas.records import CallStarted
 

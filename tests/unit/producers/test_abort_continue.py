@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from compose.engines.policy import create_app
-from producers.app import Interceptor
+from producers.http.app import Interceptor
 from producers.settings import InterceptorSettings
 from schemas.records import CallCaptured, CallIncomplete
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from producers.app import Interceptor
+from producers.http.app import Interceptor
 from producers.middleware import TokentrailMiddleware
 from producers.settings import InterceptorSettings
 from schemas.records import CallCaptured, CallIncomplete, CallStarted

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from compose.engines.policy import create_app
-from producers.app import Interceptor
+from producers.http.app import Interceptor
 from producers.settings import InterceptorSettings
 from schemas.ids import call_id_from_response_id
 from schemas.records import CallCaptured, Dialect, ParentResolution

@@ -9,7 +9,7 @@ import pytest
 from pydantic import SecretStr
 from starlette.datastructures import Headers
 
-from producers.http import FORWARDED_REQUEST_HEADERS, upstream_headers
+from producers.http.replies import FORWARDED_REQUEST_HEADERS, upstream_headers
 from tests.unit.producers.fake_vllm import FakeVLLM
 
 CHAT = "/ng-rollout/{rid}/training-token-capture/v1/chat/completions"

@@ -161,7 +161,7 @@ async def test_a_stalled_in_process_engine_is_abandoned_within_the_timeouts(publ
 
 
 async def test_an_in_process_engine_that_ignores_the_disconnect_is_cancelled(publisher, monkeypatch):
-    monkeypatch.setattr("producers.inprocess._ABANDON_GRACE_S", 0.1)
+    monkeypatch.setattr("producers.http.inprocess._ABANDON_GRACE_S", 0.1)
     engine = StallingEngine(stall="answer")
     engine.ignore_disconnect = True
     settings = InterceptorSettings(upstream_url="http://in-process", bootstrap="unused:9092", engine_timeout_s=0.3)

@@ -34,7 +34,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from producers.app import Interceptor
+from producers.http.app import Interceptor
 from producers.settings import InterceptorSettings
 from schemas.avro_fields import INT_MAX
 from schemas.ids import ROLLOUT_ID_PATTERN, ROLLOUT_ID_RULE

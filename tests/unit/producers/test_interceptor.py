@@ -102,7 +102,7 @@ async def test_non_generating_routes_under_the_capture_prefix_do_not_mask(interc
 
 async def test_an_unknown_route_under_the_prefix_is_refused_and_records_nothing(interceptor, upstream, publisher):
     # Was: forwarded, and a 2xx recorded CallIncomplete(unknown_route), which let any caller mask any rollout
-    # (issue 15 item 8). The route table (producers.route_policy) now refuses what it does not list.
+    # (issue 15 item 8). The route table (producers.http.route_policy) now refuses what it does not list.
     r = await interceptor.post("/ng-rollout/r-1/training-token-capture/v1/completions", json={"prompt": "x"})
     assert r.status_code == 404
     assert "POST /v1/completions" in r.json()["error"]["message"] and "route policy: refuse" in r.json()["error"]["message"]

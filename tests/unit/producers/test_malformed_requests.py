@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from producers.app import Interceptor
+from producers.http.app import Interceptor
 from producers.settings import InterceptorSettings
 from tests.unit.producers import raw_asgi
 from tests.unit.producers.conftest import vllm_chat_response
@@ -238,7 +238,7 @@ async def test_a_non_ascii_header_value_is_forwarded_as_its_bytes_and_the_call_s
     app = Interceptor(InterceptorSettings(upstream_url="http://engine", bootstrap="unused:9092",
                                           control_token="s3cret"), publisher=publisher, upstream=client)
     await app.startup()
-    # x-request-id: an allow-listed header (producers.http.FORWARDED_REQUEST_HEADERS); x-harness-note is
+    # x-request-id: an allow-listed header (producers.http.replies.FORWARDED_REQUEST_HEADERS); x-harness-note is
     # not on the list, so it no longer reaches the engine (issue 15 item 12).
     headers = [(b"x-request-id", b"caf\xe9 cr\xe8me"), (b"user-agent", b"agent/\xe9"),
                (b"x-harness-note", b"caf\xe9")]

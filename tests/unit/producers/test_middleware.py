@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from compose.engines.policy import create_app
-from producers.inprocess import StreamingASGITransport
+from producers.http.inprocess import StreamingASGITransport
 from producers.middleware import TokentrailMiddleware
 from producers.middleware_env import settings_from_env
 from producers.settings import InterceptorSettings
@@ -103,7 +103,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from producers.middleware_env import ENV_SETTINGS, claim_spool_dir
-from producers.spool import Spool
+from producers.capture.spool import Spool
 from schemas.codec import encode_event
 from schemas.records import CallIncomplete
 from tests.factories import event, incomplete
@@ -315,7 +315,7 @@ async def test_in_engine_rollout_ids_are_checked_on_the_raw_path(publisher):
 
 
 async def test_in_engine_vllm_admin_routes_under_the_prefix_are_refused_never_run(publisher):
-    # The same route table as the proxy (producers.route_policy): vLLM's admin routes reached through
+    # The same route table as the proxy (producers.http.route_policy): vLLM's admin routes reached through
     # /ng-rollout/ are refused; vLLM's own bare routes stay vLLM's (issue 15 item 2).
     ran: list[str] = []
 

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from producers.app import Interceptor
+from producers.http.app import Interceptor
 from producers.dialects.registry import DIALECTS, DialectRegistry
 from producers.settings import InterceptorSettings
 from schemas.ids import call_id_from_response_id

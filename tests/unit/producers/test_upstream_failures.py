@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from producers import cli
-from producers.extract import PartialTokenMetadata, extract_chat_tokens
+from producers.engine.extract import PartialTokenMetadata, extract_chat_tokens
 from producers.settings import InterceptorSettings
 from schemas.records import CallCaptured, CallIncomplete
 from tests.unit.producers.conftest import vllm_chat_response

@@ -1,4 +1,4 @@
-"""Per-token policy versions at capture (producers.capture.version_facts, producers.version_clock).
+"""Per-token policy versions at capture (producers.capture.core.version_facts, producers.capture.version_clock).
 
 The engine's own spans win when they name a version; a stream the engine labels nothing is split
 where the announced version changed as its chunks arrived; a non-streamed call is bracketed.
@@ -11,7 +11,7 @@ import json
 import httpx
 import pytest
 
-from producers.app import Interceptor
+from producers.http.app import Interceptor
 from producers.settings import InterceptorSettings
 from schemas.records import CallCaptured, CallIncomplete, VersionSpan
 from tests.unit.producers.conftest import vllm_chat_response

@@ -24,7 +24,7 @@ from producers.dialects.base import ParsedRequest, SpecAdapter, StreamAdapter
 from producers.dialects.chat_chunks import ChunkReader
 from producers.dialects.common import DialectError, expect
 from producers.dialects.registry import DialectSpec
-from producers.http import json_response
+from producers.http.replies import json_response
 from schemas.records import Dialect
 
 __all__ = ["TOY", "ToyAdapter"]

@@ -83,7 +83,7 @@ def test_reader_and_admin_settings():
 
 
 def test_the_interceptor_publisher_uses_the_builder(recorded):
-    from producers.publisher import KafkaPublisher, producer_config as reexported
+    from producers.capture.publisher import KafkaPublisher, producer_config as reexported
 
     assert reexported is producer_config
     # The interceptor passes its linger_ms and publish_timeout_ms settings (latency knobs of the capture path).

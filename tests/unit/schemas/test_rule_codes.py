@@ -109,10 +109,10 @@ def test_codes_are_snake_case_wire_strings(enum):
 
 
 def test_client_disconnected_is_listed_because_the_interceptor_emits_it():
-    # Retired once as never emitted; producers.stream_pump records it for a harness that left mid-stream.
+    # Retired once as never emitted; producers.call.stream records it for a harness that left mid-stream.
     import inspect
 
-    from producers import stream_pump
+    from producers.call import stream as stream_pump
 
     assert IncompleteReason.CLIENT_DISCONNECTED == "client_disconnected"
     assert "IncompleteReason.CLIENT_DISCONNECTED" in inspect.getsource(stream_pump)

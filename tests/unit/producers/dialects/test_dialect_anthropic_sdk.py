@@ -10,9 +10,9 @@ from __future__ import annotations
 import anthropic
 import pytest
 
-from producers.events import request_items
+from producers.capture.events import request_items
 from producers.dialects import anthropic as adialect
-from producers.extract import chat_output_items
+from producers.engine.extract import chat_output_items
 from schemas.hashing import assistant_fingerprint, conversation_digest
 
 TOOLS = [

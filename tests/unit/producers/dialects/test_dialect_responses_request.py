@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from producers.events import request_items
+from producers.capture.events import request_items
 from producers.dialects import responses as rdialect
 from producers.dialects.common import DialectError
-from producers.extract import chat_output_items
+from producers.engine.extract import chat_output_items
 from schemas.hashing import assistant_fingerprint, conversation_digest
 
 PARAMS = {"type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}}},

@@ -13,9 +13,9 @@ import json
 import openai
 import pytest
 
-from producers.events import request_items
+from producers.capture.events import request_items
 from producers.dialects import responses as rdialect
-from producers.extract import chat_output_items
+from producers.engine.extract import chat_output_items
 from schemas.hashing import assistant_fingerprint, conversation_digest
 
 TOOLS = [

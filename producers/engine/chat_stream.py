@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from producers.continuation import check_prompt, join_weight_versions
+from producers.engine.continuation import check_prompt, join_weight_versions
 from producers.dialects.chat_chunks import read_chunk
 
 __all__ = ["ChatStreamAccumulator"]
@@ -32,7 +32,7 @@ class ChatStreamAccumulator:
         self.model = ""
         self.weight_versions: Any = None
         self.chunks = 0
-        # A continued call (producers.continuation): parts after the first must report this prompt.
+        # A continued call (producers.engine.continuation): parts after the first must report this prompt.
         self.parts = 1
         self.expected_prompt: list[int] | None = None
         self.part_prompt_error = ""

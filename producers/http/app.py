@@ -1,13 +1,13 @@
 """The capture interceptor: a pure ASGI app in front of an OpenAI-compatible model server.
 
-``Interceptor`` is ASGI, lifespan and dispatch only. Prefixes (``producers.routing``):
+``Interceptor`` is ASGI, lifespan and dispatch only. Prefixes (``producers.http.routing``):
 the capture prefix ``/ng-rollout/<id>/training-token-capture/``, the evaluation prefix
 ``/ng-rollout/<id>/``, bare paths; control routes behind a bearer token
-(``producers.control``), ``/metrics``, ``/healthz``. What each (method, API path) gets
-(capture: ``producers.generation``; correlate and forward: ``producers.http.forward``;
-refuse: a 404/405 naming the route) is the route table's, ``producers.route_policy``.
+(``producers.http.control``), ``/metrics``, ``/healthz``. What each (method, API path) gets
+(capture: ``producers.call.generation``; correlate and forward: ``producers.http.replies.forward``;
+refuse: a 404/405 naming the route) is the route table's, ``producers.http.route_policy``.
 
-Before any handler runs (``producers.admission``), in this order: an invalid rollout id
+Before any handler runs (``producers.http.admission``), in this order: an invalid rollout id
 or unsendable path is a 400; with ``rollout_secret`` a request under ``/ng-rollout/<id>/``
 without that rollout's token is a 401; there, a malformed ``x-tokentrail-trace`` header a 400;
 a refused route a 404/405; a body over
@@ -23,9 +23,9 @@ Every handler gets the ``CaptureServices`` built by ``startup()`` (``producers.s
 never the Interceptor; until startup completed, every route but ``/metrics`` and
 ``/healthz`` answers 503 in the caller's dialect. With prefix supply, startup refuses
 an engine that cannot render chat requests or ignores supplied prompt ids. The engine's
-headers follow ``producers.http.upstream_headers``.
+headers follow ``producers.http.replies.upstream_headers``.
 
-Paths come from the ASGI scope (``producers.routing``), never from Starlette's
+Paths come from the ASGI scope (``producers.http.routing``), never from Starlette's
 re-parsed ``request.url``, which deletes tab/CR/LF. A path that cannot be forwarded
 (``//...``, a control character) is a 400 naming it, in the caller's dialect.
 """
@@ -41,20 +41,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from producers import http
-from producers.admission import (BodyTooLarge, ClientGone, declared_too_large, read_body, replay, rollout_refusal,
+from producers.http import replies
+from producers.http.admission import (BodyTooLarge, ClientGone, declared_too_large, read_body, replay, rollout_refusal,
                                  trace_refusal)
-from producers.capture import CaptureCore
-from producers.control import handle_control
+from producers.capture.core import CaptureCore
+from producers.http.control import handle_control
 from producers.dialects.base import DialectAdapter
 from producers.dialects.registry import DIALECTS, DialectRegistry
-from producers.engine_info import EngineCatalog
-from producers.events import default_source
-from producers.generation import handle_generation
+from producers.engine.info import EngineCatalog
+from producers.capture.events import default_source
+from producers.call.generation import handle_generation
 from producers.metrics import InterceptorMetrics
-from producers.publisher import KafkaPublisher, producer_config
-from producers.route_policy import Policy, decide
-from producers.routing import is_control, parse_route, scope_paths
+from producers.capture.publisher import KafkaPublisher, producer_config
+from producers.http.route_policy import Policy, decide
+from producers.http.routing import is_control, parse_route, scope_paths
 from producers.services import CaptureServices, engine_client, follow_versions, open_services, probe_prefix_supply_of
 from producers.settings import InterceptorSettings
 from schemas.errors import ContractError, TokentrailError
@@ -175,7 +175,7 @@ class Interceptor:
     # -- dispatch -------------------------------------------------------------
     async def dispatch(self, request: Request) -> Response:
         # The scope's path, not request.url.path: Starlette rebuilds the URL through urlsplit, which deletes
-        # tab/CR/LF and would rewrite a rollout id (producers.routing).
+        # tab/CR/LF and would rewrite a rollout id (producers.http.routing).
         path, raw_path = scope_paths(request.scope)
         if path == "/metrics":
             return Response(self.metrics.render(), media_type=self.metrics.content_type)
@@ -183,7 +183,7 @@ class Interceptor:
         if path == "/healthz":
             # The version the next call is recorded under, and whence (announced: the topic; admin: the route).
             clock = svc.core.clock if svc else None
-            return http.json_response({"status": "ok", "spooled": svc.core.writer.spooled if svc else 0,
+            return replies.json_response({"status": "ok", "spooled": svc.core.writer.spooled if svc else 0,
                                        "policy_version": clock.label if clock else None,
                                        "policy_version_origin": (clock.origin or None) if clock else None,
                                        "following_versions": self._versions is not None})
@@ -196,7 +196,7 @@ class Interceptor:
             route = parse_route(path, raw_path)
         except ContractError as exc:
             return self.error_for(path, 400, str(exc), "invalid_rollout_id")
-        problem = http.path_problem(route.api_path)
+        problem = replies.path_problem(route.api_path)
         if problem is not None:
             return self.error_for(path, 400, problem, "invalid_request_error")
         if route.rollout_id is not None:
@@ -223,7 +223,7 @@ class Interceptor:
             return await self._uncapturable(svc, admitted, route.rollout_id, route.api_path, f"the {spec.name} dialect")
         return await handle_generation(svc, admitted, route.rollout_id, route.api_path, adapter)
 
-    # -- admission (producers.admission) ----------------------------------------
+    # -- admission (producers.http.admission) ----------------------------------------
     def _rollout_secret(self) -> bytes | None:
         secret = self.settings.rollout_secret
         return None if secret is None else secret.get_secret_value().encode()
@@ -249,11 +249,11 @@ class Interceptor:
         return Request(request.scope, replay(body, request.receive))
 
     # -- forwarding -----------------------------------------------------------
-    def _shape(self, path: str) -> http.ErrorShape:
+    def _shape(self, path: str) -> replies.ErrorShape:
         """The error shape of the dialect whose API route ``path`` names (OpenAI's when it names none)."""
         spec = self.dialects.for_suffix(path)
         adapter = self.adapters.get(spec.name) if spec else None
-        return adapter.error if adapter is not None else http.error_response
+        return adapter.error if adapter is not None else replies.error_response
 
     def error_for(self, path: str, status: int, message: str, kind: str) -> Response:
         """An error in the dialect of the API route ``path`` names (OpenAI's shape when it names none)."""
@@ -261,7 +261,7 @@ class Interceptor:
 
     async def forward(self, svc: CaptureServices, request: Request, api_path: str) -> Response:
         """Stream a request to the engine and its answer back, unchanged."""
-        return await http.forward(svc.upstream, request, api_path, svc.upstream_headers(request),
+        return await replies.forward(svc.upstream, request, api_path, svc.upstream_headers(request),
                                   self._shape(api_path))
 
     async def _uncapturable(self, svc: CaptureServices, request: Request, rollout_id: str, api_path: str,
@@ -269,5 +269,5 @@ class Interceptor:
         """A generating call this build cannot capture: forward it and mark the rollout incomplete (fail closed)."""
         if not await svc.core.incomplete(rollout_id, None, IncompleteReason.CAPTURE_UNSUPPORTED, api_path, None,
                                          f"{what} is not captured by this interceptor"):
-            return http.durability_error()
+            return replies.durability_error()
         return await self.forward(svc, request, api_path)

@@ -6,7 +6,7 @@ Guarantees: every control route needs ``Authorization: Bearer <TOKENTRAIL_CONTRO
 otherwise) and then drops the rollout from the lineage index (a finished rollout is
 not continued); a body the event cannot carry is a 400 naming the field
 (``producers.finish``). ``POST /tokentrail/admin/policy-version`` makes a version current at
-once (``producers.version_clock``), for trainers that cannot reach the versions topic; calls whose
+once (``producers.capture.version_clock``), for trainers that cannot reach the versions topic; calls whose
 engine names no version record it (dispatch, completion, and where a stream saw it change).
 """
 
@@ -19,10 +19,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from producers.dialects.common import json_type
-from producers.events import make_event
+from producers.capture.events import make_event
 from producers.finish import finish_request_body
-from producers.http import error_response, json_response
-from producers.routing import finish_rollout_id
+from producers.http.replies import error_response, json_response
+from producers.http.routing import finish_rollout_id
 from producers.services import CaptureServices
 from schemas.errors import ContractError, TransportError
 from schemas.ids import validate_rollout_id
@@ -34,7 +34,7 @@ MAX_POLICY_VERSION_CHARS = 256  # a label (a step, a checkpoint name), never a p
 
 
 async def handle_control(svc: CaptureServices, request: Request, path: str, raw_path: bytes | None) -> Response:
-    """Answer a request on a control path (``producers.routing.is_control``)."""
+    """Answer a request on a control path (``producers.http.routing.is_control``)."""
     if not _authorized(svc, request):
         return error_response(401, "control routes need 'Authorization: Bearer <token>' matching "
                                    "TOKENTRAIL_CONTROL_TOKEN", "unauthorized")

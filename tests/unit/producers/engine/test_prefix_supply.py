@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from producers.prefix_supply import Splice, ends_with_stop, ineligible, render_bodies, splice
+from producers.engine.prefix_supply import Splice, ends_with_stop, ineligible, render_bodies, splice
 from schemas.errors import ConfigError
 from schemas.records import CallCaptured, CallIncomplete, ParentResolution
 from tests.unit.producers.fake_vllm import EOS, FakeVLLM
@@ -22,10 +22,10 @@ USER = {"role": "user", "content": "list the files"}
 
 
 def test_the_rule_imports_the_stdlib_only():
-    code = ("import json, sys; before = set(sys.modules); import producers.prefix_supply\n"
+    code = ("import json, sys; before = set(sys.modules); import producers.engine.prefix_supply\n"
             "new = {m.split('.')[0] for m in set(sys.modules) - before}\n"
             "print(json.dumps(sorted(new - set(sys.stdlib_module_names))))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[3], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[4], capture_output=True,
                          text=True, check=True)
     # Our own packages only (the package surfaces resolve through schemas.surface): no third-party import.
     assert set(json.loads(out.stdout.strip().splitlines()[-1])) <= {"producers", "schemas"}

@@ -1,7 +1,7 @@
 """Call an ASGI app in-process, streaming: how the vLLM middleware reaches the engine it wraps.
 
 httpx's timeouts do not reach an in-process app, so the caller bounds each wait itself
-(``producers.engine_call.Deadlines``). A request the caller abandons (a deadline cancelled the wait, or
+(``producers.call.dispatch.Deadlines``). A request the caller abandons (a deadline cancelled the wait, or
 it closed the response early) is told so the way a server tells it: ``http.disconnect`` (vLLM then
 aborts the generation); an app that still runs ``_ABANDON_GRACE_S`` later is cancelled.
 """

@@ -2,7 +2,7 @@
 
 ``CaptureCore`` is built whole before the interceptor serves (``producers.services``):
 its writer, lineage index and engine catalog are never missing. It knows no HTTP
-framework; ``producers.generation`` is the HTTP side of a call.
+framework; ``producers.call.generation`` is the HTTP side of a call.
 
 Per call: ``begin`` hashes the request and resolves its parent once, before
 dispatch, and fits the request to the engine (the sampling pin, a model name
@@ -34,7 +34,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from producers.events import (
+from producers.capture.events import (
     CallContext,
     call_facts,
     captured_call,
@@ -45,14 +45,14 @@ from producers.events import (
 )
 from producers.dialects.base import ParsedRequest
 from producers.dialects.registry import DialectSpec
-from producers.durable import DurableWriter
-from producers.engine_info import EngineCatalog, EngineInfo, max_tokens_key
-from producers.extract import PartialTokenMetadata, chat_output_items, extract_chat_tokens
-from producers.lineage_index import LineageIndex, Resolution
+from producers.capture.durable import DurableWriter
+from producers.engine.info import EngineCatalog, EngineInfo, max_tokens_key
+from producers.engine.extract import PartialTokenMetadata, chat_output_items, extract_chat_tokens
+from producers.capture.lineage_index import LineageIndex, Resolution
 from producers.metrics import InterceptorMetrics
-from producers.prefix_supply import ends_with_stop
+from producers.engine.prefix_supply import ends_with_stop
 from producers.settings import InterceptorSettings
-from producers.version_clock import CallVersions, VersionClock
+from producers.capture.version_clock import CallVersions, VersionClock
 from schemas.codec import encode_event
 from schemas.errors import DurabilityError
 from schemas.hashing import compute_digest, conversation_prefix_digests

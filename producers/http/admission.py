@@ -1,16 +1,16 @@
 """Admission: what a request must satisfy before any handler sees it (pure: ASGI callables, no framework).
 
-Three rules, all checked by ``producers.app.Interceptor.dispatch`` once, before any handler runs,
+Three rules, all checked by ``producers.http.app.Interceptor.dispatch`` once, before any handler runs,
 so that a refused request records nothing and forwards nothing:
 
 * **Rollout token** (``rollout_refusal``): with a rollout secret set, a request under
   ``/ng-rollout/<id>/`` must present ``schemas.rollout_tokens.rollout_token(secret, id)`` as its
   API key, ``Authorization: Bearer <token>`` or ``x-api-key: <token>`` (either is enough, as
   every harness SDK sends one of them). Without a secret every request is admitted (a trusted
-  network). The token never goes further: ``producers.http.upstream_headers`` forwards neither
+  network). The token never goes further: ``producers.http.replies.upstream_headers`` forwards neither
   header.
 * **Trace declaration** (``trace_refusal``): a request under ``/ng-rollout/<id>/`` that sends
-  ``x-tokentrail-trace`` must send it once, in ``producers.trace_facts.TRACE_GRAMMAR``; else a
+  ``x-tokentrail-trace`` must send it once, in ``producers.capture.trace_facts.TRACE_GRAMMAR``; else a
   400 naming the header, the value and the grammar. Bare paths record nothing, so there the
   header is not read (and, as everywhere, never forwarded).
 * **Body size** (``read_body``): a body over ``max_body_bytes`` is refused. A declared
@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from producers.trace_facts import TRACE_HEADER, trace_problem
+from producers.capture.trace_facts import TRACE_HEADER, trace_problem
 from schemas.errors import ContractError
 from schemas.rollout_tokens import token_matches
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from producers.dialects.registry import DialectRegistry
-from producers.routing import Kind
+from producers.http.routing import Kind
 
 __all__ = ["ENGINE_ADMIN", "READ_ONLY", "Decision", "Policy", "ReadOnlyRoute", "decide"]
 

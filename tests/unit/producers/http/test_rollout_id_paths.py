@@ -10,7 +10,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from producers.routing import Kind, parse_route
+from producers.http.routing import Kind, parse_route
 from schemas.errors import ContractError
 from schemas.ids import ROLLOUT_ID_RULE
 from schemas.records import RolloutFinished
@@ -94,7 +94,7 @@ def test_parse_route_checks_the_raw_segment():
 
 
 def test_finish_rollout_id_reads_the_raw_segments():
-    from producers.routing import finish_rollout_id
+    from producers.http.routing import finish_rollout_id
 
     assert finish_rollout_id("/rollouts/r-1/finish", b"/rollouts/r-1/finish") == "r-1"
     assert finish_rollout_id("/rollouts/r-1/finish/", None) == "r-1"

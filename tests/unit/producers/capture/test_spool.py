@@ -7,8 +7,8 @@ import asyncio
 import httpx
 import pytest
 
-from producers.durable import DurableWriter
-from producers.spool import UNCERTAIN, Spool
+from producers.capture.durable import DurableWriter
+from producers.capture.spool import UNCERTAIN, Spool
 from schemas.codec import encode_event, event_id_of
 from schemas.errors import DurabilityError
 from tests.factories import event, incomplete
@@ -46,7 +46,7 @@ class FlakyPublisher:
         self.sent: list[bytes] = []
 
     async def publish_raw(self, topic, key, value):
-        from producers.publisher import PublishFailed
+        from producers.capture.publisher import PublishFailed
 
         if not self.up:
             raise PublishFailed("down", possibly_persisted=True)

@@ -1,4 +1,4 @@
-"""producers.engine_pool: the same pool decisions as httpcore's own, and a working client over a real socket."""
+"""producers.engine.pool: the same pool decisions as httpcore's own, and a working client over a real socket."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import httpcore
 import httpx
 import pytest
 
-from producers.engine_pool import HTTPCORE_PRIVATE_NAMES, _assign_requests_to_connections, linear_pool
+from producers.engine.pool import HTTPCORE_PRIVATE_NAMES, _assign_requests_to_connections, linear_pool
 from producers.services import engine_client
 from producers.settings import InterceptorSettings
 
@@ -20,7 +20,7 @@ def test_the_private_names_exist_in_the_pinned_httpx_and_httpcore():
     owners = {"httpx.AsyncClient": client, "httpx.AsyncHTTPTransport": client._transport,
               "httpcore.AsyncConnectionPool": pool}
     for owner, name in HTTPCORE_PRIVATE_NAMES:
-        assert hasattr(owners[owner], name), f"{owner}.{name} is gone: re-check producers.engine_pool"
+        assert hasattr(owners[owner], name), f"{owner}.{name} is gone: re-check producers.engine.pool"
 
 
 class FakeConnection:
@@ -127,7 +127,7 @@ def test_another_httpcore_release_is_left_as_it_is(monkeypatch):
     import httpcore
     import httpx
 
-    from producers.engine_pool import linear_pool
+    from producers.engine.pool import linear_pool
 
     monkeypatch.setattr(httpcore, "__version__", "1.0.10")
     client = httpx.AsyncClient()

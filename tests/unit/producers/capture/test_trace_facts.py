@@ -9,8 +9,8 @@ import json
 import pytest
 from starlette.datastructures import Headers
 
-from producers.http import upstream_headers
-from producers.trace_facts import (AGENT_HEADERS, MAX_OPENING_DIGESTS, TRACE_HEADER, agent_name,
+from producers.http.replies import upstream_headers
+from producers.capture.trace_facts import (AGENT_HEADERS, MAX_OPENING_DIGESTS, TRACE_HEADER, agent_name,
                                    opening_text_digests, trace_problem)
 from schemas.hashing import text_digest
 from schemas.records import CallCaptured

@@ -1,4 +1,4 @@
-"""Admission before any handler (producers.admission): rollout tokens (issue 15 item 8) and the body limit (item 10)."""
+"""Admission before any handler (producers.http.admission): rollout tokens (issue 15 item 8) and the body limit (item 10)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from producers.app import Interceptor
+from producers.http.app import Interceptor
 from producers.settings import InterceptorSettings
 from schemas.records import CallCaptured
 from schemas.rollout_tokens import rollout_token

@@ -2,24 +2,24 @@
 
 Before dispatch the request is fitted to the engine (``CaptureCore.begin``: a model it serves, a budget within
 ``max_model_len``), its CallStarted intent is made durable (``CaptureCore.announce``: Kafka ack or the spool)
-and, with prefix supply, it is given its exact prompt ids (``producers.prefix_supply``). The intent comes
+and, with prefix supply, it is given its exact prompt ids (``producers.engine.prefix_supply``). The intent comes
 before the engine sees the request, so a rollout frozen while the call is in flight (the harness gave up on a
 stalled engine, or was still waiting) is incomplete (``intent_without_capture``) unless the call's capture
 arrived first: it is never delivered unmasked without it. An intent that cannot be made durable fails the
 call with a 503 and nothing is dispatched.
 
-Non-streaming: the engine's answer, awaited within ``engine_timeout_s`` (``producers.engine_call``), is
+Non-streaming: the engine's answer, awaited within ``engine_timeout_s`` (``producers.call.dispatch``), is
 judged, translated, made durable, then returned; a client that leaves while the engine works stops the call
-(``ClientWatch``: CallIncomplete(client_disconnected), never a capture of an answer it did not get). Streaming: ``producers.stream_pump`` (chunks reach the
+(``ClientWatch``: CallIncomplete(client_disconnected), never a capture of an answer it did not get). Streaming: ``producers.call.stream`` (chunks reach the
 client as the engine produces them; only the terminal event waits until the capture is durable; a client
-that leaves first stops the call). Either way a call leaves exactly one record (``producers.capture``),
+that leaves first stops the call). Either way a call leaves exactly one record (``producers.capture.core``),
 besides its intent.
 
 A request that cannot be read (not JSON, not an object, nested deeper than
-``producers.json_limits.MAX_JSON_DEPTH``) or that the dialect refuses is a 400 in the caller's dialect naming
+``producers.http.json_limits.MAX_JSON_DEPTH``) or that the dialect refuses is a 400 in the caller's dialect naming
 the field; nothing is recorded and nothing reaches the engine.
 
-Engine errors are recorded with the engine's message (``producers.engine_call``): no answer at all or a 5xx
+Engine errors are recorded with the engine's message (``producers.call.dispatch``): no answer at all or a 5xx
 is CallIncomplete(upstream_error), a 4xx CallIncomplete(engine_rejected), no answer within
 ``engine_timeout_s`` CallIncomplete(engine_timeout) and a 504. An aborted generation (vLLM pauses in-flight
 requests for a weight sync) is CallIncomplete(aborted) and a 503 the harness can retry. Anything else that
@@ -37,14 +37,14 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
 import orjson
 from starlette.responses import Response
 
-from producers import continuation, prefix_supply
-from producers.capture import Call, Outcome
+from producers.engine import continuation, prefix_supply
+from producers.capture.core import Call, Outcome
 from producers.dialects.common import json_type
-from producers.engine_call import SERVED, Deadlines, EngineFailure, auth_of, record_failure, refusal, send_chat
-from producers.engine_info import EngineCallError, render_ids
-from producers.http import durability_error
-from producers.json_limits import load_json, nesting_problem
-from producers.stream_pump import stream_call
+from producers.call.dispatch import SERVED, Deadlines, EngineFailure, auth_of, record_failure, refusal, send_chat
+from producers.engine.info import EngineCallError, render_ids
+from producers.http.replies import durability_error
+from producers.http.json_limits import load_json, nesting_problem
+from producers.call.stream import stream_call
 from schemas.records import IncompleteReason
 
 if TYPE_CHECKING:
@@ -190,7 +190,7 @@ def _answer_json(content: bytes) -> dict[str, Any] | EngineFailure:
 async def _continued(svc: CaptureServices, call: Call, body: dict[str, Any], headers: dict[str, str],
                      deadlines: Deadlines, data: dict[str, Any]) -> dict[str, Any] | EngineFailure:
     """``data``, or, while the engine aborted it, the answer joined with its continuation
-    (``producers.continuation``); a part that cannot be continued is returned as it is (aborted)."""
+    (``producers.engine.continuation``); a part that cannot be continued is returned as it is (aborted)."""
     while _finish(data) == "abort" and call.continued < svc.settings.max_continuations:
         part = continuation.part_of(data)
         if part is None:

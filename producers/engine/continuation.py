@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from producers.engine_info import max_tokens_key
-from producers.prefix_supply import ids_refused
+from producers.engine.info import max_tokens_key
+from producers.engine.prefix_supply import ids_refused
 
 __all__ = ["check_prompt", "continuation_body", "join_answers", "join_weight_versions", "part_of"]
 

@@ -7,7 +7,7 @@
   never reachable through the ``/ng-rollout/`` prefix.
 
 What is done with each (method, API path) on each prefix (capture, correlate, forward,
-refuse) is decided by the route policy table, ``producers.route_policy``, and only there.
+refuse) is decided by the route policy table, ``producers.http.route_policy``, and only there.
 
 An invalid rollout id is refused (HTTP 400 naming the rule), never rewritten. Paths are read
 from the ASGI scope, never from a URL rebuilt out of it: Starlette's ``request.url`` goes

@@ -11,10 +11,10 @@ Three facts feed the rebuild's trace classification (``consumers.rebuild.identit
   so ``subagent:code-reviewer``, ``side:title`` and ``other:a:b`` (label ``a:b``: only the
   first ``:`` separates) are valid; ``Main``, ``main:x``, ``subagent:`` and a label with any
   other character (a tab, a comma, non-ASCII) are not. ``trace_problem`` says why a value is
-  malformed; admission (``producers.admission.trace_refusal``) refuses such a request before
+  malformed; admission (``producers.http.admission.trace_refusal``) refuses such a request before
   anything is recorded or forwarded, so a value that reaches ``CallFacts`` is valid and kept
   verbatim. The header is tokentrail's, never the engine's: it is not in
-  ``producers.http.FORWARDED_REQUEST_HEADERS``.
+  ``producers.http.replies.FORWARDED_REQUEST_HEADERS``.
 * ``agent_name``: the agent a harness names in its own headers (``AGENT_HEADERS``). These
   headers are the harness's, not ours: one that is absent, empty or does not parse gives ``""``,
   never an error.

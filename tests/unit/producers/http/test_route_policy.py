@@ -1,4 +1,4 @@
-"""The route table (producers.route_policy): what is captured, correlated, forwarded, refused (issue 15 items 2, 8).
+"""The route table (producers.http.route_policy): what is captured, correlated, forwarded, refused (issue 15 items 2, 8).
 
 Before it, every bare and every ``/ng-rollout/<id>/...`` path was forwarded: a harness could change the
 engine's weights (``POST /ng-rollout/x/tokentrail/admin/weight-version``), reach vLLM's LoRA, sleep and
@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from producers.dialects.registry import DIALECTS
-from producers.route_policy import ENGINE_ADMIN, READ_ONLY, Policy, decide
-from producers.routing import Kind
+from producers.http.route_policy import ENGINE_ADMIN, READ_ONLY, Policy, decide
+from producers.http.routing import Kind
 
 PREFIXES = {"bare": "", "eval": "/ng-rollout/r-1", "capture": "/ng-rollout/r-1/training-token-capture"}
 AUTH = {"authorization": "Bearer s3cret"}

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from producers.extract import EngineTokens
-from producers.trace_facts import TRACE_HEADER, agent_name, opening_text_digests, opening_user_items
+from producers.engine.extract import EngineTokens
+from producers.capture.trace_facts import TRACE_HEADER, agent_name, opening_text_digests, opening_user_items
 from schemas.hashing import FINGERPRINT_VERSION, assistant_fingerprint, compute_digest, conversation_digest
 from schemas.ids import new_event_id, new_model_call_id
 from schemas.records import (
@@ -90,7 +90,7 @@ def call_facts(
 
     ``headers`` are lower-cased. ``trace_declared`` is the ``x-tokentrail-trace`` value verbatim
     (admission refused a malformed one); ``agent_name`` and ``opening_text_digests`` follow
-    ``producers.trace_facts``, the digests from the harness's own ``body`` (the upstream chat
+    ``producers.capture.trace_facts``, the digests from the harness's own ``body`` (the upstream chat
     ``messages`` when the body has neither ``messages`` nor ``input``).
     """
     opening = opening_user_items(body) or upstream_body.get("messages")

@@ -33,11 +33,11 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from producers import continuation
-from producers.capture import Call
-from producers.engine_call import SERVED, Deadlines, EngineFailure, StreamWatch, record_failure, refusal, send_chat
-from producers.streaming import ChatStreamAccumulator
-from producers.version_clock import VersionClock
+from producers.engine import continuation
+from producers.capture.core import Call
+from producers.call.dispatch import SERVED, Deadlines, EngineFailure, StreamWatch, record_failure, refusal, send_chat
+from producers.engine.chat_stream import ChatStreamAccumulator
+from producers.capture.version_clock import VersionClock
 from schemas.records import IncompleteReason
 
 if TYPE_CHECKING:
@@ -224,7 +224,7 @@ async def _pump(svc: CaptureServices, call: Call, adapter: DialectAdapter, parse
 async def _continue(svc: CaptureServices, call: Call, upstream: _Engine, acc: ChatStreamAccumulator,
                     out: StreamAdapter, link: ClientLink, watch: StreamWatch,
                     deadlines: Deadlines) -> tuple[tuple[str, str] | None, bool]:
-    """Continue an aborted stream with the next part (``producers.continuation``), relayed on the same
+    """Continue an aborted stream with the next part (``producers.engine.continuation``), relayed on the same
     client stream. (broke, went on): not going on leaves the abort for the core to record."""
     message = {"tool_calls": list(acc.tool_calls.values())} if acc.tool_calls else None
     body = continuation.continuation_body(upstream.body, list(acc.prompt_token_ids or []), list(acc.token_ids or []),
@@ -265,7 +265,7 @@ async def _relay(upstream: Any, acc: ChatStreamAccumulator, out: StreamAdapter, 
                  continued: bool = False, relay_abort: bool = False) -> tuple[str, str] | None:
     """Forward the engine's chunks as they come; (reason, detail) when the stream cannot be completed.
 
-    Each chunk that carries tokens is stamped with the announced version (``producers.version_clock``).
+    Each chunk that carries tokens is stamped with the announced version (``producers.capture.version_clock``).
     """
     versions = call.versions
     lines = upstream.aiter_lines()

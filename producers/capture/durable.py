@@ -19,8 +19,8 @@ import logging
 import time
 from typing import Callable
 
-from producers.publisher import KafkaPublisher, PublishFailed
-from producers.spool import UNCERTAIN, Spool
+from producers.capture.publisher import KafkaPublisher, PublishFailed
+from producers.capture.spool import UNCERTAIN, Spool
 from schemas.codec import event_id_of
 from schemas.errors import DurabilityError, TransportError
 from schemas.kafka.scan import TopicReader
