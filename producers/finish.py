@@ -23,12 +23,14 @@ from typing import Any
 from producers.dialects.common import json_type
 from producers.capture.events import default_source, make_event
 from producers.http.json_limits import load_json, nesting_problem
-from producers.capture.publisher import KafkaPublisher, producer_config
 from schemas.avro_fields import INT_MAX, check_fields
+from schemas.codec import encode_event
 from schemas.errors import ContractError
 from schemas.ids import validate_rollout_id
 from schemas.records import RolloutFinished
-from schemas.kafka.topics import ROLLOUT_EVENTS
+from schemas.kafka.bridge import AckedProducer
+from schemas.kafka.config import producer_config
+from schemas.kafka.topics import ROLLOUT_EVENTS, key_for
 
 __all__ = ["FINISH_FIELDS", "finish_request_body", "finish_rollout", "finished_event_body"]
 
@@ -67,16 +69,16 @@ async def finish_rollout(
     final_text: str | None = None,
     attempt: int = 0,
     topic: str = ROLLOUT_EVENTS,
-    publisher: KafkaPublisher | None = None,
+    publisher: AckedProducer | None = None,
 ) -> str:
     """Publish RolloutFinished; return its event id once acknowledged."""
     validate_rollout_id(rollout_id)
     body = finished_event_body(result, final_response_id=final_response_id, final_text=final_text, attempt=attempt)
     event = make_event(rollout_id, body, f"finish:{default_source()}")
     own = publisher is None
-    pub = publisher or KafkaPublisher(producer_config(bootstrap))
+    pub = publisher or AckedProducer(producer_config(bootstrap), name="tokentrail-finish")
     try:
-        await pub.publish(topic, event)
+        await pub.produce(topic, key_for(rollout_id), encode_event(event))
     finally:
         if own:
             await pub.close()

@@ -24,11 +24,11 @@ from producers.engine.info import EngineCatalog, probe_prefix_supply
 from producers.engine.pool import linear_pool
 from producers.capture.lineage_index import LineageIndex
 from producers.metrics import InterceptorMetrics
-from producers.capture.publisher import KafkaPublisher
 from producers.settings import InterceptorSettings
 from producers.capture.spool import Spool
 from producers.capture.version_clock import VersionClock
 from schemas.errors import TransportError
+from schemas.kafka.bridge import AckedProducer
 
 log = logging.getLogger("tokentrail.interceptor")
 
@@ -90,7 +90,7 @@ async def probe_prefix_supply_of(settings: InterceptorSettings, upstream: httpx.
     await probe_prefix_supply(upstream, auth, settings.upstream_model or (info.names[0] if info else None))
 
 
-def open_services(settings: InterceptorSettings, publisher: KafkaPublisher, upstream: httpx.AsyncClient, *,
+def open_services(settings: InterceptorSettings, publisher: AckedProducer, upstream: httpx.AsyncClient, *,
                   metrics: InterceptorMetrics, source: str, catalog: EngineCatalog) -> CaptureServices:
     """Claim the spool (DurabilityError when another live process holds it), build the core, start the writer."""
     spool = Spool(settings.spool_dir) if settings.spool_dir is not None else None

@@ -65,13 +65,14 @@ class KafkaFinisher:
     """RolloutFinished to the rollout-events topic, acknowledged by Kafka (``producers.finish``)."""
 
     def __init__(self, stack: StackAddress) -> None:
-        from producers.capture.publisher import KafkaPublisher, producer_config
-        from schemas.kafka.config import QUIET_LOGGER
+        from schemas.kafka.bridge import AckedProducer
+        from schemas.kafka.config import QUIET_LOGGER, producer_config
 
         self.stack = stack
         # librdkafka's own log lines (a broker going away at the end of a --local run) stay out of the
         # run's output; a publish that fails raises PublishFailed, which the row reports.
-        self.publisher = KafkaPublisher(producer_config(stack.bootstrap, extra={"logger": QUIET_LOGGER}))
+        self.publisher = AckedProducer(producer_config(stack.bootstrap, extra={"logger": QUIET_LOGGER}),
+                                       name="tokentrail-collect-finish")
 
     async def finish(self, rollout_id: str, payload: dict[str, Any]) -> None:
         from producers.finish import finish_rollout

@@ -333,17 +333,14 @@ class CaptureCore:
         return True
 
     async def write(self, rollout_id: str, body: Any) -> RolloutEvent:
+        """Return once the event is durable (Kafka's ack, or the fsynced spool); DurabilityError otherwise."""
         event = make_event(rollout_id, body, self.source)
-        await self.write_event(event)
-        return event
-
-    async def write_event(self, event: RolloutEvent) -> None:
-        """Return once the event is durable (Kafka ack or fsynced spool); DurabilityError otherwise."""
         with self.metrics.publish_seconds.time():
-            where = await self.writer.write(self.settings.topics.rollout_events, key_for(event.rollout_id),
+            where = await self.writer.write(self.settings.topics.rollout_events, key_for(rollout_id),
                                             encode_event(event))
         if where == "spool":
             self.metrics.spooled.inc()
+        return event
 
     def version_facts(self, call: Call, choice: dict[str, Any], generated: int) -> dict[str, Any]:
         """The call's policy-version facts: per-token spans, where they come from, dispatch and completion.

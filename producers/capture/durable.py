@@ -19,10 +19,10 @@ import logging
 import time
 from typing import Callable
 
-from producers.capture.publisher import KafkaPublisher, PublishFailed
 from producers.capture.spool import UNCERTAIN, Spool
 from schemas.codec import event_id_of
 from schemas.errors import DurabilityError, TransportError
+from schemas.kafka.bridge import AckedProducer, PublishFailed
 from schemas.kafka.scan import TopicReader
 
 log = logging.getLogger("tokentrail.interceptor")
@@ -36,13 +36,13 @@ _PRESENCE_TIMEOUT_S = 10.0
 class DurableWriter:
     def __init__(
         self,
-        publisher: KafkaPublisher,
+        producer: AckedProducer,
         spool: Spool | None,
         *,
         bootstrap: str,
         on_depth: Callable[[int], None] = lambda depth: None,
     ) -> None:
-        self._publisher = publisher
+        self._producer = producer
         self._spool = spool
         self._bootstrap = bootstrap
         self._on_depth = on_depth
@@ -67,7 +67,7 @@ class DurableWriter:
             await self._append(topic, key, value, 0)
             return "spool"
         try:
-            await self._publisher.publish_raw(topic, key, value)
+            await self._producer.produce(topic, key, value)
             return "kafka"
         except PublishFailed as exc:
             if exc.permanent or self._spool is None:
@@ -112,7 +112,7 @@ class DurableWriter:
                 if record.uncertain and present is None:
                     present = await asyncio.to_thread(self._present_event_ids, record.topic)
                 if not (record.uncertain and present is not None and event_id_of(record.value) in present):
-                    await self._publisher.publish_raw(record.topic, record.key, record.value)
+                    await self._producer.produce(record.topic, record.key, record.value)
             except TransportError as exc:  # the scan wraps client errors too
                 log.info("drain waiting for Kafka (%s)", exc)
                 await asyncio.sleep(backoff)

@@ -52,12 +52,13 @@ from producers.engine.info import EngineCatalog
 from producers.capture.events import default_source
 from producers.call.generation import handle_generation
 from producers.metrics import InterceptorMetrics
-from producers.capture.publisher import KafkaPublisher, producer_config
 from producers.http.route_policy import Policy, decide
 from producers.http.routing import is_control, parse_route, scope_paths
 from producers.services import CaptureServices, engine_client, follow_versions, open_services, probe_prefix_supply_of
 from producers.settings import InterceptorSettings
 from schemas.errors import ContractError, TokentrailError
+from schemas.kafka.bridge import AckedProducer
+from schemas.kafka.config import producer_config
 from schemas.records import IncompleteReason
 
 __all__ = ["Interceptor", "NotStarted"]
@@ -78,7 +79,7 @@ class Interceptor:
         self,
         settings: InterceptorSettings,
         *,
-        publisher: KafkaPublisher | None = None,
+        publisher: AckedProducer | None = None,
         upstream: httpx.AsyncClient | None = None,
         adapters: dict[str, DialectAdapter] | None = None,
         dialects: DialectRegistry | None = None,
@@ -148,9 +149,9 @@ class Interceptor:
                     self._upstream = None
                 raise
         if self._publisher is None:
-            self._publisher = KafkaPublisher(
-                producer_config(s.bootstrap, linger_ms=s.linger_ms, delivery_timeout_ms=s.publish_timeout_ms)
-            )
+            self._publisher = AckedProducer(
+                producer_config(s.bootstrap, linger_ms=s.linger_ms, delivery_timeout_ms=s.publish_timeout_ms),
+                name="kafka-publisher-poll")
         if self._upstream is None:
             self._upstream = engine_client(s)
         self._services = open_services(s, self._publisher, self._upstream, metrics=self.metrics, source=self.source,

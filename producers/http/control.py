@@ -19,7 +19,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from producers.dialects.common import json_type
-from producers.capture.events import make_event
 from producers.finish import finish_request_body
 from producers.http.replies import error_response, json_response
 from producers.http.routing import finish_rollout_id
@@ -80,9 +79,8 @@ async def _finish(svc: CaptureServices, request: Request, rollout_id: str) -> Re
         body = finish_request_body(await request.body())
     except (ContractError, ValueError) as exc:
         return error_response(400, str(exc), "invalid_request_error")
-    event = make_event(rollout_id, body, svc.source)
     try:
-        await svc.core.write_event(event)
+        event = await svc.core.write(rollout_id, body)
     except TransportError as exc:
         return error_response(503, f"RolloutFinished not durable: {exc}", "capture_unavailable")
     svc.core.index.forget(rollout_id)  # a finished rollout is not continued

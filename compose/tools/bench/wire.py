@@ -46,7 +46,7 @@ class _Recorder:
         self.captures = 0
         self.version_bytes = 0  # what the per-token version facts add to the captures
 
-    async def publish_raw(self, topic: str, key: bytes, value: bytes) -> tuple[int, int]:
+    async def produce(self, topic: str, key: bytes, value: bytes) -> tuple[int, int]:
         from dataclasses import replace
 
         from schemas.codec import decode_event, encode_event

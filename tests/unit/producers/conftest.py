@@ -11,13 +11,13 @@ import pytest
 
 from producers.http.app import Interceptor
 from producers.settings import InterceptorSettings
-from producers.capture.publisher import PublishFailed
+from schemas.kafka.bridge import PublishFailed
 from schemas.codec import decode_event
 from schemas.records import CallStarted
 
 
 class RecordingPublisher:
-    """Stands in for KafkaPublisher: records events; can be told to fail or to hold acks.
+    """Stands in for the AckedProducer the interceptor publishes with: records events; can be told to fail or to hold acks.
 
     ``all`` is every event in publish order; ``events`` leaves out the CallStarted intent each
     captured call publishes before dispatch (``intents``), so a test of what a call recorded reads
@@ -33,7 +33,7 @@ class RecordingPublisher:
         self.possibly_persisted = False
         self.gate: asyncio.Event | None = None
 
-    async def publish_raw(self, topic: str, key: bytes, value: bytes) -> tuple[int, int]:
+    async def produce(self, topic: str, key: bytes, value: bytes) -> tuple[int, int]:
         if self.gate is not None:
             await self.gate.wait()
         if self.fail:

@@ -82,12 +82,15 @@ def test_reader_and_admin_settings():
     assert QUIET_LOGGER.disabled
 
 
-def test_the_interceptor_publisher_uses_the_builder(recorded):
-    from producers.capture.publisher import KafkaPublisher, producer_config as reexported
+async def test_the_interceptor_publisher_uses_the_builder(recorded):
+    from producers.http.app import Interceptor
+    from producers.settings import InterceptorSettings
 
-    assert reexported is producer_config
     # The interceptor passes its linger_ms and publish_timeout_ms settings (latency knobs of the capture path).
-    KafkaPublisher(producer_config(BOOT, linger_ms=2, delivery_timeout_ms=10_000))
+    app = Interceptor(InterceptorSettings(bootstrap=BOOT, upstream_url="http://127.0.0.1:9", linger_ms=2,
+                                          publish_timeout_ms=10_000, follow_versions=False))
+    await app.startup()
+    await app.shutdown()
     assert recorded == [producer_config(BOOT, linger_ms=2, delivery_timeout_ms=10_000)]
 
 

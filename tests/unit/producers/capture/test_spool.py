@@ -45,8 +45,8 @@ class FlakyPublisher:
         self.up = False
         self.sent: list[bytes] = []
 
-    async def publish_raw(self, topic, key, value):
-        from producers.capture.publisher import PublishFailed
+    async def produce(self, topic, key, value):
+        from schemas.kafka.bridge import PublishFailed
 
         if not self.up:
             raise PublishFailed("down", possibly_persisted=True)
