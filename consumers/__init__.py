@@ -16,7 +16,7 @@ __all__, __getattr__ = lazy_surface(__name__, {
     "ConsumerSettings": "consumers.settings",
     "TrainerSink": "consumers.sinks.plugin",
     "load_sink": "consumers.sinks.plugin",
-    "rollout_stream": "consumers.sinks.stream",
+    "rollout_stream": "consumers.trainer_stream",
     "run_conformance": "consumers.sinks.conformance",
     "TokenSink": "consumers.gym.adapters",
     "TokenSource": "consumers.gym.adapters",

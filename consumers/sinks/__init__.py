@@ -9,7 +9,7 @@ __all__, __getattr__ = lazy_surface(__name__, {
     "check_sink_class": "consumers.sinks.plugin",
     "KafkaSink": "consumers.sinks.kafka",
     "RolloutStream": "consumers.sinks.stream",
-    "rollout_stream": "consumers.sinks.stream",
+    "rollout_stream": "consumers.trainer_stream",
     "run_conformance": "consumers.sinks.conformance",
     "sample_rollout": "consumers.sinks.conformance",
     "SinkConformanceError": "consumers.sinks.conformance",

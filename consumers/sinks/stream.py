@@ -32,9 +32,10 @@ one consumer (or route a group's snapshots to one partition), and keep
 ``max_buffered`` above the rollouts of all groups open at once (the consumer
 keeps that many deliveries in flight).
 
-``rollout_stream(settings, ...)`` runs the rebuild consumer in the background
-of the trainer's event loop and yields the stream; if the consumer stops with
-an error (a failed retire, ``MaskFractionExceeded``), the iteration raises it.
+``consumers.trainer_stream.rollout_stream(settings, ...)`` runs the rebuild
+consumer in the background of the trainer's event loop and yields the stream;
+if the consumer stops with an error (a failed retire, ``MaskFractionExceeded``),
+the iteration raises it.
 
     async with rollout_stream(settings, group_key="group_id", group_size="group_size") as stream:
         async for group in stream:
@@ -46,9 +47,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager, suppress
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from contextlib import suppress
+from typing import Any
 
 from consumers.rebuild.validity import checked_record
 from consumers.sinks.grouping import (GroupAssembler, GroupKey, GroupSize, OnTimeout, RewardOf, RolloutGroup, Step,
@@ -56,13 +57,11 @@ from consumers.sinks.grouping import (GroupAssembler, GroupKey, GroupSize, OnTim
 from schemas.errors import ConfigError
 from schemas.records import RebuiltRollout
 
-if TYPE_CHECKING:
-    from consumers.settings import ConsumerSettings
 
 _CLOSED = object()
 _ACKED_MEMORY = 100_000
 
-__all__ = ["RolloutStream", "rollout_stream"]
+__all__ = ["RolloutStream"]
 
 
 class RolloutStream:
@@ -193,34 +192,3 @@ class RolloutStream:
     def dropped_groups(self) -> int:
         """Groups the timeout policy dropped (``on_timeout="drop"``)."""
         return 0 if self._assembler is None else self._assembler.dropped_groups
-
-
-@asynccontextmanager
-async def rollout_stream(settings: ConsumerSettings, *, kafka_clients: dict[str, Any] | None = None,
-                         **stream_kwargs: Any) -> AsyncIterator[RolloutStream]:
-    """A ``RolloutStream`` fed by a rebuild consumer running in this event loop (see the module docstring).
-
-    ``kafka_clients`` (``kafka_consumer``/``kafka_producer``) replace the Kafka clients, for tests.
-    """
-    from consumers.loop import RebuildConsumer
-
-    stream = RolloutStream(**stream_kwargs)
-    consumer = RebuildConsumer(settings, stream, **(kafka_clients or {}))
-    stop = asyncio.Event()
-
-    async def feed() -> None:
-        try:
-            await consumer.run(stop=stop)
-        except Exception as exc:  # surfaced to the trainer through the iteration
-            await stream.fail(exc)
-            raise
-
-    task = asyncio.create_task(feed())
-    try:
-        yield stream
-    finally:
-        stop.set()
-        try:
-            await task
-        finally:
-            await consumer.close()

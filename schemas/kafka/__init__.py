@@ -2,22 +2,15 @@
 
 Pure (standard library only, importable anywhere): ``config`` (every producer,
 consumer and admin client setting, built in one place), ``partitioning``
-(Kafka's murmur2 partitioner, so a reader finds a rollout's partition) and
+(Kafka's murmur2 partitioner, so a reader finds a rollout's partition),
 ``framing`` (what a record carries besides its Avro value: dead-letter headers,
-the batch headroom under the topic limit).
+the batch headroom under the topic limit) and ``topics`` (the one table of
+topics, their configs, the record key and the startup check).
 
-Framework edges (the only ``schemas`` modules that import ``confluent_kafka``):
-``bridge`` (the one acked producer and the AdminClient factory) and ``scan``
-(reading a partition range, from an offset or a time). They are never imported
-by this package itself, so ``import schemas.kafka.config`` stays framework-free;
-the names below resolve lazily for convenience.
+The Kafka client edge (the only ``schemas`` modules that import ``confluent_kafka``,
+the ``kafka-edge`` import contract): ``bridge`` (the one acked producer and the
+AdminClient factory), ``scan`` (reading a partition range, from an offset or a
+time), ``versions`` (the policy-versions topic: announce, follow) and ``admin``
+(creating the topics). This package imports none of them: a pure module reaches
+the client only by importing an edge module by name, which the contract refuses.
 """
-
-from schemas.surface import lazy_surface
-
-__all__, __getattr__ = lazy_surface(__name__, {
-    "AckedProducer": "schemas.kafka.bridge",
-    "PublishFailed": "schemas.kafka.bridge",
-    "admin_client": "schemas.kafka.bridge",
-    "TopicReader": "schemas.kafka.scan",
-})

@@ -1,9 +1,12 @@
 """The layout is the architecture (ARCHITECTURE §3), and these tests make it fail loudly.
 
 - Import contracts: ``[tool.importlinter]`` in pyproject.toml, run here with ``lint-imports``
-  (a real import graph, not substrings): producers, processors and consumers share only
-  schemas (consumers reach processors only through ``processors.fold`` and
-  ``processors.replay``); nothing but compose imports compose; pure modules import no framework.
+  (a real import graph, not substrings): schemas imports none of our packages; producers,
+  processors and consumers share only schemas (consumers reach processors only through
+  ``processors.fold`` and ``processors.replay``); nothing but compose imports compose, whose
+  roles are layered; pure modules import no framework, directly or through another module.
+- The contracts can fail: every forbidden import, appended to a scratch copy of a real pure
+  module, breaks them (and so does a pure module reaching the Kafka client through the edge).
 - Pure modules, again in a fresh interpreter: ``sys.modules`` after importing each one holds
   no framework, which also catches imports done at import time through ``importlib``.
   The list is the ``pure`` contract's, so there is one list.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import json
 import pkgutil
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -35,7 +39,9 @@ def _contracts() -> dict[str, dict]:
 
 
 PURE = _contracts()["pure"]
-FRAMEWORKS = tuple(PURE["forbidden_modules"])
+# What a fresh interpreter must not hold after importing a pure module: the contract's third-party names
+# (the standard library loads urllib and http for itself, e.g. pathlib does; the static contract checks those).
+FRAMEWORKS = tuple(m for m in PURE["forbidden_modules"] if m not in sys.stdlib_module_names)
 
 
 def _submodules(name: str) -> list[str]:
@@ -47,9 +53,7 @@ def _submodules(name: str) -> list[str]:
 
 
 def _pure_modules() -> list[str]:
-    # The Kafka edge (the importers of the contract's ignored imports) may import the client.
-    edge = {rule.split("->")[0].strip() for rule in PURE.get("ignore_imports", [])}
-    return [m for source in PURE["source_modules"] for m in _submodules(source) if m not in edge]
+    return [m for source in PURE["source_modules"] for m in _submodules(source)]
 
 
 def _lint_imports(*args: str) -> subprocess.CompletedProcess:
@@ -59,6 +63,46 @@ def _lint_imports(*args: str) -> subprocess.CompletedProcess:
 def test_import_contracts_are_kept():
     out = _lint_imports()
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_every_schemas_module_is_pure_or_the_kafka_edge():
+    """A module added to schemas is checked by one of the two contracts, never by neither."""
+    edge = set(_contracts()["kafka-edge"]["source_modules"])
+    pure = set(_pure_modules())
+    unclassified = [m for m in _submodules("schemas") if m not in pure | edge and m.rpartition(".")[2] != "__init__"
+                    and m not in ("schemas", "schemas.kafka")]
+    assert unclassified == [], "list each in the `pure` contract (or, if it imports confluent_kafka, in `kafka-edge`)"
+    assert not pure & edge
+
+
+# A real pure module; its scratch copy gets every forbidden import appended.
+_MUTANT = "producers/capture/events.py"
+# What no pure module may import, stated here independently of pyproject.toml, so that dropping a name
+# from the contract fails this test: frameworks and Kafka clients, network clients (the standard
+# library's too), state stores, serving and ML libraries, the rig's SDKs and tools.
+MUST_FORBID = ("faust", "mode", "confluent_kafka", "aiokafka", "starlette", "fastapi", "uvicorn", "httpx", "httpcore",
+               "aiohttp", "requests", "urllib", "http", "pydantic", "numpy", "torch", "rocksdict", "prometheus_client",
+               "orjson", "vllm", "transformers", "safetensors", "openai", "anthropic", "tqdm", "yaml")
+
+
+def test_each_forbidden_import_in_a_pure_module_breaks_the_contracts(tmp_path):
+    """A scratch copy of the tree, one pure module importing each forbidden module: lint-imports, on the real
+    contracts, must refuse every one of them, and a function-level reach into the Kafka edge too."""
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    mutant = tmp_path / _MUTANT
+    lines = [f"import {name}" for name in MUST_FORBID]
+    lines += ["", "", "def _sneak():", "    from schemas.kafka.bridge import AckedProducer", "    return AckedProducer"]
+    mutant.write_text(mutant.read_text() + "\n" + "\n".join(lines) + "\n")
+    out = subprocess.run([str(LINT_IMPORTS), "--no-cache", "--contract", "pure"], cwd=tmp_path, capture_output=True,
+                         text=True)
+    assert out.returncode != 0 and "BROKEN" in out.stdout, out.stdout + out.stderr
+    module = _MUTANT.removesuffix(".py").replace("/", ".")
+    report = " ".join(out.stdout.split())  # lint-imports wraps long lines
+    missed = [name for name in MUST_FORBID if f"{module} -> {name}" not in report]
+    assert missed == [], f"forbidden imports the contracts let through: {missed}\n{out.stdout}"
+    assert f"{module} -> schemas.kafka.bridge" in report, out.stdout  # the edge is no way round
 
 
 def test_a_broken_import_contract_fails(tmp_path):

@@ -4,7 +4,7 @@ Brings up a Kafka broker, the real vLLM CPU engine on the tiny ``random`` checkp
 (``compose.engines.vllm_rig``; dev mode for the weight routes), the interceptor (prefix supply)
 and the fold processor. Harness tasks run groups of multi-turn streamed chat rollouts through
 the interceptor and finish each with ``{"reward", "group_id", "group_size"}``; the trainer
-reads delivered groups from ``consumers.sinks.stream.rollout_stream`` (the rebuild consumer in
+reads delivered groups from ``consumers.trainer_stream.rollout_stream`` (the rebuild consumer in
 this process), takes one policy-gradient step per group in PyTorch (``trainer/train_step.py``, a child
 in the engine's environment: this one has no torch), pushes the new weights into the running
 engine (``push_weights``, ``/pause?mode=keep`` by default, so streamed calls cross the update)
@@ -240,7 +240,7 @@ class DemoLoop:
     async def run(self) -> None:
         from consumers.rebuild.output import to_json_dict
         from consumers.settings import ConsumerSettings
-        from consumers.sinks.stream import rollout_stream
+        from consumers.trainer_stream import rollout_stream
 
         settings = ConsumerSettings(bootstrap=self.stack.bootstrap, group_id=f"{self.stack.processor_id}-trainer",
                                     topics=self.stack.topics, project_response=False)

@@ -6,7 +6,7 @@ import asyncio
 import uuid
 
 from consumers.settings import ConsumerSettings
-from consumers.sinks.stream import rollout_stream
+from consumers.trainer_stream import rollout_stream
 
 
 async def consume(bootstrap: str, topics, wanted: set[str], timeout: float = 60.0) -> dict:

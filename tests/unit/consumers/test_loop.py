@@ -8,7 +8,8 @@ import threading
 import pytest
 
 import consumers.loop as loop_module
-from consumers.sinks.stream import RolloutStream, rollout_stream
+from consumers.sinks.stream import RolloutStream
+from consumers.trainer_stream import rollout_stream
 from consumers.loop import DeliveryFailed, MaskFractionExceeded, RebuildConsumer
 from consumers.offsets import OffsetTracker
 from consumers.settings import ConsumerSettings

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from consumers.sinks.stream import rollout_stream
+from consumers.trainer_stream import rollout_stream
 from consumers.loop import RebuildConsumer, check_topics, required_topics
 from consumers.settings import ConsumerSettings
 from schemas.kafka.topics import REBUILT, TopicsUnavailable, topic_names
