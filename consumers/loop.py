@@ -49,17 +49,17 @@ from consumers.metrics import ConsumerMetrics
 from consumers.offsets import OffsetTracker
 from consumers.rebuild import rebuild
 from consumers.settings import ConsumerSettings
-from consumers.staleness_gate import StalenessGate
 from consumers.sinks.plugin import KAFKA_SINK_TOPICS, TrainerSink
+from consumers.staleness_gate import StalenessGate
 from schemas.codec import decode_snapshot, encode_event
 from schemas.errors import ConfigError, ContractError, TokentrailError, TransportError
 from schemas.ids import new_event_id
-from schemas.records import MaskCode, RebuiltRollout, RetireRequested, RolloutEvent
 from schemas.kafka.bridge import AckedProducer, admin_client
 from schemas.kafka.config import consumer_config, producer_config
 from schemas.kafka.framing import deadletter_headers
-from schemas.stage_log import STAGES
 from schemas.kafka.topics import key_for, wait_for_topics
+from schemas.records import MaskCode, RebuiltRollout, RetireRequested, RolloutEvent
+from schemas.stage_log import STAGES
 
 log = logging.getLogger("tokentrail.consumer")
 

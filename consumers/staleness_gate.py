@@ -24,9 +24,9 @@ from consumers.rebuild.staleness import apply_staleness, check_staleness
 from consumers.settings import ConsumerSettings
 from schemas.errors import TransportError
 from schemas.kafka.bridge import admin_client
+from schemas.kafka.topics import TopicsUnavailable, topics_command
 from schemas.policy_versions import VersionBook
 from schemas.records import MaskCode, RebuiltRollout
-from schemas.kafka.topics import TopicsUnavailable, topics_command
 
 __all__ = ["StalenessGate"]
 

@@ -53,8 +53,8 @@ from processors.delivery import DirectChangelogTable, OffsetGuard, OrderedAcker
 from processors.fold import fold_raw
 from processors.settings import ProcessorSettings
 from schemas.kafka.framing import deadletter_headers
-from schemas.stage_log import STAGES
 from schemas.kafka.topics import MAX_MESSAGE_BYTES, wait_for_topics
+from schemas.stage_log import STAGES
 
 log = logging.getLogger("tokentrail.processor")
 

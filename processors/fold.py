@@ -73,7 +73,13 @@ from schemas.codec import decode_event_with_body, encode_event, event_body_bytes
 from schemas.errors import CodecError, ContractError
 from schemas.ids import validate_model_call_id, validate_rollout_id
 from schemas.records import (
-    CallCaptured, CallIncomplete, CallStarted, IncompleteReason, RetireRequested, RolloutEvent, RolloutFinished,
+    CallCaptured,
+    CallIncomplete,
+    CallStarted,
+    IncompleteReason,
+    RetireRequested,
+    RolloutEvent,
+    RolloutFinished,
 )
 
 # The refusal a marker quotes is cut here (a dead letter's detail can be long: a fastavro message, a value).

@@ -44,9 +44,9 @@ from processors.state import (
 )
 from schemas.codec import decode_snapshot, encode_snapshot
 from schemas.errors import ContractError
-from schemas.records import CallIncomplete, IncompleteReason, RolloutFinished, Snapshot
 from schemas.kafka.framing import value_limit
 from schemas.kafka.topics import MAX_MESSAGE_BYTES
+from schemas.records import CallIncomplete, IncompleteReason, RolloutFinished, Snapshot
 
 # Aliases of the schemas.records.IncompleteReason members (their one home), kept for importers.
 CONFLICTING_PAYLOAD = IncompleteReason.CONFLICTING_PAYLOAD

@@ -39,7 +39,14 @@ from functools import cache
 import fastavro
 
 from schemas.codec import (
-    MAGIC, RecordCodec, avro_long, avro_string, read_long, read_string, to_avro, with_nested,
+    MAGIC,
+    RecordCodec,
+    avro_long,
+    avro_string,
+    read_long,
+    read_string,
+    to_avro,
+    with_nested,
 )
 from schemas.records import CallCaptured, CallIncomplete, RolloutFinished
 

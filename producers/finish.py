@@ -20,17 +20,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from producers.dialects.common import json_type
 from producers.capture.events import default_source, make_event
+from producers.dialects.common import json_type
 from producers.http.json_limits import load_json, nesting_problem
 from schemas.avro_fields import INT_MAX, check_fields
 from schemas.codec import encode_event
 from schemas.errors import ContractError
 from schemas.ids import validate_rollout_id
-from schemas.records import RolloutFinished
 from schemas.kafka.bridge import AckedProducer
 from schemas.kafka.config import producer_config
 from schemas.kafka.topics import ROLLOUT_EVENTS, key_for
+from schemas.records import RolloutFinished
 
 __all__ = ["FINISH_FIELDS", "finish_request_body", "finish_rollout", "finished_event_body"]
 

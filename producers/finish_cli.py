@@ -20,8 +20,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from producers.finish import finish_rollout
-    from schemas.kafka.topics import topic_names
     from schemas.errors import TokentrailError
+    from schemas.kafka.topics import topic_names
 
     try:
         try:

@@ -45,13 +45,13 @@ from typing import Any
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from producers.http.app import Interceptor
 from producers.dialects.base import DialectAdapter
 from producers.dialects.registry import DIALECTS
-from producers.http.replies import error_response
+from producers.http.app import Interceptor
 from producers.http.inprocess import StreamingASGITransport
-from producers.middleware_env import IN_PROCESS, claim_spool_dir, settings_from_env
+from producers.http.replies import error_response
 from producers.http.routing import parse_route
+from producers.middleware_env import IN_PROCESS, claim_spool_dir, settings_from_env
 from producers.settings import InterceptorSettings
 from schemas.errors import ConfigError, ContractError, DurabilityError
 

@@ -13,11 +13,12 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from producers.settings import InterceptorSettings
 from producers.capture.spool import Spool
+from producers.settings import InterceptorSettings
 from schemas.errors import ConfigError, DurabilityError
 from schemas.kafka.topics import topic_names
 

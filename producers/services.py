@@ -17,16 +17,16 @@ from typing import Any
 import httpx
 from starlette.requests import Request
 
-from producers.http import replies
 from producers.capture.core import CaptureCore
 from producers.capture.durable import DurableWriter
-from producers.engine.info import EngineCatalog, probe_prefix_supply
-from producers.engine.pool import linear_pool
 from producers.capture.lineage_index import LineageIndex
-from producers.metrics import InterceptorMetrics
-from producers.settings import InterceptorSettings
 from producers.capture.spool import Spool
 from producers.capture.version_clock import VersionClock
+from producers.engine.info import EngineCatalog, probe_prefix_supply
+from producers.engine.pool import linear_pool
+from producers.http import replies
+from producers.metrics import InterceptorMetrics
+from producers.settings import InterceptorSettings
 from schemas.errors import TransportError
 from schemas.kafka.bridge import AckedProducer
 

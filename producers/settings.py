@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from schemas.errors import ConfigError
-from schemas.rollout_tokens import check_secret
 from schemas.kafka.topics import TopicNames, check_bootstrap
+from schemas.rollout_tokens import check_secret
 
 Bootstrap = Annotated[str, AfterValidator(check_bootstrap)]
 

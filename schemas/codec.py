@@ -17,8 +17,8 @@ import io
 import json
 import sys
 from array import array
-from enum import StrEnum
 from collections.abc import Mapping
+from enum import StrEnum
 from functools import cache
 from importlib import resources
 from types import MappingProxyType

@@ -35,7 +35,8 @@ import json
 import struct
 import sys
 from array import array
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 DIGEST_VERSION = 1
 FINGERPRINT_VERSION = 1

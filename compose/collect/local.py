@@ -48,8 +48,7 @@ def remote_stack(bootstrap: str, interceptor_url: str, topic_prefix: str, rollou
 @contextlib.contextmanager
 def local_stack(root: Path, run_id: str, *, engine: str, harness: str, bootstrap: str | None) -> Iterator[StackAddress]:
     """Bring the stack up under ``root``; tear it down (the broker's data kept) on exit."""
-    from compose.rig.kafka.broker import ensure_jars, restart_broker, start_broker, stop_broker
-    from compose.rig.kafka.broker import broker_status
+    from compose.rig.kafka.broker import broker_status, ensure_jars, restart_broker, start_broker, stop_broker
 
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)

@@ -27,8 +27,9 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from compose.collect.harnesses import Attempt, Harness
 from compose.collect.journal import AttemptEntry, Journal, append_line, job_key, rollout_ids
@@ -222,7 +223,7 @@ class Collector:
             # The harness's own deadline is the rollout timeout; this one (with a kill grace) bounds a harness
             # whose own deadline failed, so one stuck rollout never stalls the run.
             return await asyncio.wait_for(self.harness.run(attempt), self.s.rollout_timeout_s + 30)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return HarnessOutcome.failed(FailureClass.TIMEOUT, f"no outcome within {self.s.rollout_timeout_s:.0f} s")
         except Exception as exc:  # a harness's bug is this rollout's failure, never the run's end
             return HarnessOutcome.failed(FailureClass.HARNESS_CRASH, f"{type(exc).__name__}: {exc}")

@@ -32,9 +32,9 @@ import os
 import platform
 import shutil
 import subprocess
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 from compose import REPO_ROOT
 from compose.procs.headless import tail

@@ -8,8 +8,9 @@ It knows nothing about token ids; it only gets a per-rollout base URL.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import openai
 

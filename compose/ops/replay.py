@@ -38,8 +38,8 @@ def main(args: argparse.Namespace) -> int:
 
 def last_demo(args: argparse.Namespace) -> int:
     """Restart the last demo's broker on its kept log, explain its masked rollouts, stop it again."""
-    from compose.rig.stack import LAST_RUN
     from compose.rig.kafka.broker import BrokerError, restart_broker, stop_broker
+    from compose.rig.stack import LAST_RUN
 
     if not LAST_RUN.exists():
         print(f"tokentrail replay: no {LAST_RUN}: run `make demo` first", file=sys.stderr)

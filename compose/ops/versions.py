@@ -40,8 +40,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from schemas.errors import ContractError, TransportError
-    from schemas.policy_versions import PolicyVersion
     from schemas.kafka.topics import check_bootstrap, topic_names
+    from schemas.policy_versions import PolicyVersion
 
     topic = topic_names(args.topic_prefix).policy_versions
     try:
@@ -99,6 +99,6 @@ def _show(args: argparse.Namespace, topic: str) -> int:
     if not args.json and current is None:
         print(f"(no version announced on {topic})")
     if not args.json and current is not None:
-        at = datetime.datetime.fromtimestamp(book.current.announced_at, datetime.timezone.utc).isoformat()
+        at = datetime.datetime.fromtimestamp(book.current.announced_at, datetime.UTC).isoformat()
         print(f"current: {current} (step {book.current.step}, announced {at})")
     return 0

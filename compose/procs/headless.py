@@ -32,9 +32,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 #: Sub-directories of a run's home that ``base_env`` points at (TMPDIR and the XDG dirs).
 HOME_DIRS = ("tmp", ".config", ".cache", ".local/share", ".local/state")

@@ -18,11 +18,10 @@ from typing import Any
 
 import httpx
 
+from compose.engines.vllm_rig.engine import score_prompt
 from compose.procs.service import Service, StackError, pick_free_ports, spawn, terminate
 from schemas.kafka.admin import ensure_topics
-from compose.engines.vllm_rig.engine import score_prompt
 from schemas.kafka.topics import DEFAULT_PARTITIONS, TopicNames, topic_names
-
 
 # The demo's broker keeps its log after the demo (stopped, not deleted), so that
 # `tokentrail replay --last-demo` can explain the demo's rollouts afterwards.

@@ -41,15 +41,22 @@ from processors.replay import MemoryState, Replayed, RolloutHeader, replay
 from schemas.codec import encode_event
 from schemas.errors import ContractError
 from schemas.hashing import FINGERPRINT_VERSION, assistant_fingerprint, compute_digest
-from schemas.lineage_rules import published_candidates, select_parent
 from schemas.ids import new_event_id, validate_model_call_id, validate_rollout_id
 from schemas.kafka.bridge import AckedProducer
 from schemas.kafka.config import producer_config
-from schemas.records import (
-    CallCaptured, CallFacts, CallIncomplete, CallStarted, IncompleteReason, ParentResolution, RetireRequested,
-    RolloutEvent, RolloutFinished,
-)
 from schemas.kafka.topics import ROLLOUT_EVENTS, key_for
+from schemas.lineage_rules import published_candidates, select_parent
+from schemas.records import (
+    CallCaptured,
+    CallFacts,
+    CallIncomplete,
+    CallStarted,
+    IncompleteReason,
+    ParentResolution,
+    RetireRequested,
+    RolloutEvent,
+    RolloutFinished,
+)
 
 GYM_SCHEMA_VERSION = 5
 GYM_ROUTE = "/gym/token-capture"

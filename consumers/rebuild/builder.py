@@ -44,7 +44,17 @@ from consumers.rebuild.terminal import Attribution, attribute_by_evidence, attri
 from consumers.rebuild.traces import build_traces, rollout_reasons
 from consumers.rebuild.trajectory import ChainError, chain_trajectory
 from consumers.rebuild.validity import checked_record
-from schemas.records import CallCaptured, CaptureMetrics, IncompleteReason, MaskCode, MaskReason, RebuiltRollout, Snapshot, Trace, Trajectory
+from schemas.records import (
+    CallCaptured,
+    CaptureMetrics,
+    IncompleteReason,
+    MaskCode,
+    MaskReason,
+    RebuiltRollout,
+    Snapshot,
+    Trace,
+    Trajectory,
+)
 
 _DEFAULT_RULES = RebuildRules()
 

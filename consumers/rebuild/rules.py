@@ -10,8 +10,9 @@ flag and a replay request all name them the same way.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from schemas.errors import ConfigError
 from schemas.records import TraceKind

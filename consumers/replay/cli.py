@@ -96,10 +96,10 @@ def _delivering(rules, delivery: str | None):
 
 
 def _rollouts(args, since, until, rules, new_rules) -> int:
-    from consumers.replay.eventlog import EventLog
-    from consumers.replay.explain import explain, trace_changes, trace_tree
     from consumers.rebuild import rebuild
     from consumers.rebuild.output import to_json_dict
+    from consumers.replay.eventlog import EventLog
+    from consumers.replay.explain import explain, trace_changes, trace_tree
     from consumers.replay.rollouts import replay_rollout, rule_changes
     from schemas.kafka.topics import topic_names
 
@@ -168,8 +168,8 @@ def _max_staleness(args) -> int | None:
 
 def _summary(args, since, until, rules) -> int:
     from consumers.replay.eventlog import EventLog
-    from consumers.replay.rollouts import parse_duration
     from consumers.replay.report_html import render_html
+    from consumers.replay.rollouts import parse_duration
     from consumers.replay.summary import render_text, summarize
     from schemas.kafka.topics import topic_names
 

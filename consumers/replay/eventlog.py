@@ -23,8 +23,8 @@ from typing import Any
 from schemas.codec import decode_event
 from schemas.kafka.partitioning import partition_for
 from schemas.kafka.scan import TopicReader
-from schemas.records import RolloutEvent
 from schemas.kafka.topics import ROLLOUT_EVENTS, key_for
+from schemas.records import RolloutEvent
 
 
 @dataclass(frozen=True, slots=True)

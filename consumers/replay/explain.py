@@ -13,13 +13,20 @@ terminal and gym records print exactly as before (they carry no traces).
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 from consumers.replay.rollouts import ReplayResult
 from schemas.records import (
-    CallCaptured, CallIncomplete, CallStarted, RebuiltRollout, RetireRequested, RolloutFinished, Snapshot, Trace,
+    CallCaptured,
+    CallIncomplete,
+    CallStarted,
+    RebuiltRollout,
+    RetireRequested,
+    RolloutFinished,
+    Snapshot,
+    Trace,
     TraceKind,
 )
 
@@ -69,7 +76,7 @@ def explain(result: ReplayResult) -> str:
 def _events(result: ReplayResult) -> list[str]:
     out = []
     for e in result.events:
-        when = datetime.fromtimestamp(e.timestamp_ms / 1000, timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+        when = datetime.fromtimestamp(e.timestamp_ms / 1000, UTC).strftime("%H:%M:%S.%f")[:-3]
         what = _describe(e.event) if e.event is not None else "undecodable record"
         extra = "; ".join([*(f"dead letter {d.reason}: {d.detail}" for d in e.deadletters), *e.notes])
         if not e.changed and not e.deadletters and not extra:

@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Iterable, Iterator
+from datetime import UTC, datetime
 
-from consumers.replay.eventlog import EventLog, LoggedEvent
 from consumers.rebuild import RebuildRules, rebuild
+from consumers.replay.eventlog import EventLog, LoggedEvent
 from processors.fold import DeadLetter
 from processors.replay import replay
 from schemas.errors import ConfigError
-from schemas.records import RebuiltRollout, RolloutEvent, Snapshot
 from schemas.kafka.topics import key_for
+from schemas.records import RebuiltRollout, RolloutEvent, Snapshot
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -66,7 +66,7 @@ def parse_bound(text: str | None, *, now: float | None = None) -> Bound:
             "or offset:N"
         ) from None
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
+        parsed = parsed.replace(tzinfo=UTC)
     return Bound(time_ms=int(parsed.timestamp() * 1000))
 
 

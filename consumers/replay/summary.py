@@ -32,9 +32,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.replay.eventlog import EventLog
 from consumers.rebuild import RebuildRules, rebuild
 from consumers.rebuild.staleness import StalenessCheck, apply_staleness, check_staleness
+from consumers.replay.eventlog import EventLog
 from consumers.replay.explain import kind_counts, kind_order
 from processors.replay import replay
 from schemas.policy_versions import PolicyVersion, VersionBook

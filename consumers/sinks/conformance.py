@@ -25,7 +25,16 @@ from typing import Any
 
 from consumers.sinks.plugin import TrainerSink, check_sink_class
 from schemas.errors import ConfigError, TokentrailError
-from schemas.records import CallSpan, CaptureMetrics, IncompleteReason, MaskCode, MaskReason, RebuiltRollout, TerminalAttribution, Trajectory
+from schemas.records import (
+    CallSpan,
+    CaptureMetrics,
+    IncompleteReason,
+    MaskCode,
+    MaskReason,
+    RebuiltRollout,
+    TerminalAttribution,
+    Trajectory,
+)
 
 Factory = Callable[[], TrainerSink | Awaitable[TrainerSink]]
 ReadBack = Callable[[], Iterable[Any] | Awaitable[Iterable[Any]]]

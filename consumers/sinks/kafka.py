@@ -34,8 +34,8 @@ from schemas.errors import TransportError
 from schemas.kafka.bridge import AckedProducer
 from schemas.kafka.config import producer_config
 from schemas.kafka.framing import value_limit
-from schemas.records import MaskCode, MaskReason, RebuiltRollout
 from schemas.kafka.topics import MAX_MESSAGE_BYTES, REBUILT, key_for
+from schemas.records import MaskCode, MaskReason, RebuiltRollout
 
 log = logging.getLogger("tokentrail.consumer.kafka_sink")
 

@@ -53,14 +53,22 @@ from typing import Any
 
 from consumers.rebuild import to_json_line
 from consumers.rebuild.validity import checked_record
-from consumers.sinks.grouping import (GroupAssembler, GroupKey, GroupSize, OnTimeout, RewardOf, RolloutGroup, Step,
-                                      expire_when_due)
+from consumers.sinks.grouping import (
+    GroupAssembler,
+    GroupKey,
+    GroupSize,
+    OnTimeout,
+    RewardOf,
+    RolloutGroup,
+    Step,
+    expire_when_due,
+)
 from schemas.errors import TransportError
 from schemas.kafka.bridge import AckedProducer
 from schemas.kafka.config import producer_config
 from schemas.kafka.framing import value_limit
-from schemas.records import MaskCode, MaskReason, RebuiltRollout
 from schemas.kafka.topics import MAX_MESSAGE_BYTES, REBUILT_GROUPS, key_for
+from schemas.records import MaskCode, MaskReason, RebuiltRollout
 
 __all__ = ["GROUP_FORMAT", "REBUILT_GROUPS", "GroupedKafkaSink", "decode_group", "encode_group"]
 

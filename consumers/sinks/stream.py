@@ -52,11 +52,18 @@ from contextlib import suppress
 from typing import Any
 
 from consumers.rebuild.validity import checked_record
-from consumers.sinks.grouping import (GroupAssembler, GroupKey, GroupSize, OnTimeout, RewardOf, RolloutGroup, Step,
-                                      expire_when_due)
+from consumers.sinks.grouping import (
+    GroupAssembler,
+    GroupKey,
+    GroupSize,
+    OnTimeout,
+    RewardOf,
+    RolloutGroup,
+    Step,
+    expire_when_due,
+)
 from schemas.errors import ConfigError
 from schemas.records import RebuiltRollout
-
 
 _CLOSED = object()
 _ACKED_MEMORY = 100_000

@@ -31,7 +31,14 @@ import orjson
 from starlette.responses import Response
 
 from producers.capture.core import Call, Outcome
-from producers.engine.info import CHAT_PATH, EngineCallError, context_refusal, engine_message, max_tokens_key, prompt_tokens
+from producers.engine.info import (
+    CHAT_PATH,
+    EngineCallError,
+    context_refusal,
+    engine_message,
+    max_tokens_key,
+    prompt_tokens,
+)
 from producers.settings import InterceptorSettings
 from schemas.records import IncompleteReason
 

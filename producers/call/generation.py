@@ -31,20 +31,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.responses import Response
 
-from producers.engine import continuation, prefix_supply
+from producers.call.dispatch import SERVED, Deadlines, EngineFailure, auth_of, record_failure, refusal, send_chat
+from producers.call.stream import stream_call
 from producers.capture.core import Call, Outcome
 from producers.dialects.common import json_type
-from producers.call.dispatch import SERVED, Deadlines, EngineFailure, auth_of, record_failure, refusal, send_chat
+from producers.engine import continuation, prefix_supply
 from producers.engine.info import EngineCallError, render_ids
-from producers.http.replies import durability_error
 from producers.http.json_limits import load_json, nesting_problem
-from producers.call.stream import stream_call
+from producers.http.replies import durability_error
 from schemas.records import IncompleteReason
 
 if TYPE_CHECKING:

@@ -27,17 +27,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from producers.engine import continuation
-from producers.capture.core import Call
 from producers.call.dispatch import SERVED, Deadlines, EngineFailure, StreamWatch, record_failure, refusal, send_chat
-from producers.engine.chat_stream import ChatStreamAccumulator
+from producers.capture.core import Call
 from producers.capture.version_clock import VersionClock
+from producers.engine import continuation
+from producers.engine.chat_stream import ChatStreamAccumulator
 from schemas.records import IncompleteReason
 
 if TYPE_CHECKING:

@@ -31,9 +31,11 @@ import enum
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
+from producers.capture.durable import DurableWriter
 from producers.capture.events import (
     CallContext,
     call_facts,
@@ -43,22 +45,28 @@ from producers.capture.events import (
     request_items,
     with_sent_max_tokens,
 )
+from producers.capture.lineage_index import LineageIndex, Resolution
+from producers.capture.version_clock import CallVersions, VersionClock
 from producers.dialects.base import ParsedRequest
 from producers.dialects.registry import DialectSpec
-from producers.capture.durable import DurableWriter
-from producers.engine.info import EngineCatalog, EngineInfo, max_tokens_key
 from producers.engine.extract import PartialTokenMetadata, chat_output_items, extract_chat_tokens
-from producers.capture.lineage_index import LineageIndex, Resolution
-from producers.metrics import InterceptorMetrics
+from producers.engine.info import EngineCatalog, EngineInfo, max_tokens_key
 from producers.engine.prefix_supply import ends_with_stop
+from producers.metrics import InterceptorMetrics
 from producers.settings import InterceptorSettings
-from producers.capture.version_clock import CallVersions, VersionClock
 from schemas.codec import encode_event
 from schemas.errors import DurabilityError
 from schemas.hashing import compute_digest, conversation_prefix_digests
-from schemas.policy_versions import UNNAMED_VERSION, bracket_spans, engine_spans, observed_spans, part_spans, versions_of
-from schemas.records import CallCaptured, CallStarted, IncompleteReason, ParentResolution, RolloutEvent, VersionSource
 from schemas.kafka.topics import key_for
+from schemas.policy_versions import (
+    UNNAMED_VERSION,
+    bracket_spans,
+    engine_spans,
+    observed_spans,
+    part_spans,
+    versions_of,
+)
+from schemas.records import CallCaptured, CallStarted, IncompleteReason, ParentResolution, RolloutEvent, VersionSource
 
 __all__ = ["Call", "CaptureCore", "Outcome"]
 

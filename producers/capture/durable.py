@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from producers.capture.spool import UNCERTAIN, Spool
 from schemas.codec import event_id_of
@@ -81,7 +81,7 @@ class DurableWriter:
         if self._drainer is not None and not self._drainer.done():
             try:
                 await asyncio.wait_for(asyncio.shield(self._drainer), timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.warning("%d event(s) remain spooled; the next start drains them", self.spooled)
             self._drainer.cancel()
         if self._spool is not None:

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from producers.engine.extract import EngineTokens
 from producers.capture.trace_facts import TRACE_HEADER, agent_name, opening_text_digests, opening_user_items
+from producers.engine.extract import EngineTokens
 from schemas.hashing import FINGERPRINT_VERSION, assistant_fingerprint, compute_digest, conversation_digest
 from schemas.ids import new_event_id, new_model_call_id
 from schemas.records import (

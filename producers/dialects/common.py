@@ -111,7 +111,7 @@ def expect_objects(value: Any, where: str, what: str) -> list:
 def encode_sse(event: str, data: dict) -> bytes:
     """One SSE event, ``event: X\\ndata: {json}\\n\\n`` (compact JSON, UTF-8)."""
     body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {event}\ndata: {body}\n\n".encode("utf-8")
+    return f"event: {event}\ndata: {body}\n\n".encode()
 
 
 def join_text(texts: list[str]) -> str:

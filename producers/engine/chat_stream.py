@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from producers.engine.continuation import check_prompt, join_weight_versions
 from producers.dialects.chat_chunks import read_chunk
+from producers.engine.continuation import check_prompt, join_weight_versions
 
 __all__ = ["ChatStreamAccumulator"]
 

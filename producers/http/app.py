@@ -41,19 +41,26 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from producers.http import replies
-from producers.http.admission import (BodyTooLarge, ClientGone, declared_too_large, read_body, replay, rollout_refusal,
-                                 trace_refusal)
+from producers.call.generation import handle_generation
 from producers.capture.core import CaptureCore
-from producers.http.control import handle_control
+from producers.capture.events import default_source
 from producers.dialects.base import DialectAdapter
 from producers.dialects.registry import DIALECTS, DialectRegistry
 from producers.engine.info import EngineCatalog
-from producers.capture.events import default_source
-from producers.call.generation import handle_generation
-from producers.metrics import InterceptorMetrics
+from producers.http import replies
+from producers.http.admission import (
+    BodyTooLarge,
+    ClientGone,
+    declared_too_large,
+    read_body,
+    replay,
+    rollout_refusal,
+    trace_refusal,
+)
+from producers.http.control import handle_control
 from producers.http.route_policy import Policy, decide
 from producers.http.routing import is_control, parse_route, scope_paths
+from producers.metrics import InterceptorMetrics
 from producers.services import CaptureServices, engine_client, follow_versions, open_services, probe_prefix_supply_of
 from producers.settings import InterceptorSettings
 from schemas.errors import ContractError, TokentrailError

@@ -9,7 +9,8 @@ aborts the generation); an app that still runs ``_ABANDON_GRACE_S`` later is can
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import httpx
 from starlette.types import ASGIApp

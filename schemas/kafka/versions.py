@@ -28,8 +28,8 @@ from schemas.codec import policy_version_codec
 from schemas.errors import TransportError
 from schemas.kafka.bridge import AckedProducer, PublishFailed, admin_client
 from schemas.kafka.config import QUIET_LOGGER, consumer_config, producer_config
-from schemas.policy_versions import PolicyVersion, VersionBook
 from schemas.kafka.topics import POLICY_VERSIONS, TopicsUnavailable, topic_names, wait_for_topics
+from schemas.policy_versions import PolicyVersion, VersionBook
 
 __all__ = ["AnnounceFailed", "VersionFollower", "announce_version"]
 

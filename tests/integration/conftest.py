@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from compose.rig.stack import LocalStack
 from compose.engines.vllm_rig.engine import VllmEngine
+from compose.rig.stack import LocalStack
 from tests.integration.engines import require_vllm
 
 UPSTREAMS = ["reference", pytest.param("vllm", marks=pytest.mark.vllm)]

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from compose.rig.stack import LocalStack
 from compose.engines.vllm_rig.engine import unavailable_reason
+from compose.rig.stack import LocalStack
 
 
 def require_vllm() -> None:

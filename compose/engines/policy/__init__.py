@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 __all__ = ["PolicySettings", "create_app"]
 
 
-def create_app(settings: PolicySettings | None = None, **overrides: Any) -> "Starlette":
+def create_app(settings: PolicySettings | None = None, **overrides: Any) -> Starlette:
     """Build the ASGI app (``settings`` or keyword overrides, validated either way)."""
     from compose.engines.policy.server import create_app as _create_app
 

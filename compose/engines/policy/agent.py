@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from compose.engines.policy import template, tokenizer as tk
+from compose.engines.policy import template
+from compose.engines.policy import tokenizer as tk
 from compose.engines.policy.model import PolicyModel
 from compose.engines.policy.script import (  # noqa: F401  (re-exported: the decision API lives in script.py)
     ToolDecision,

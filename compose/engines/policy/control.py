@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
 
 from compose.engines.policy.settings import DEFAULT_WEIGHT_VERSION
 
@@ -73,7 +73,7 @@ class Flight:
         if ms_per_token and not self.aborted:
             try:
                 await asyncio.wait_for(self._abort.wait(), ms_per_token / 1000)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         return not self.aborted
 
@@ -81,7 +81,7 @@ class Flight:
         """A stalled stream: wait until aborted (True) or ``seconds`` pass (False)."""
         try:
             await asyncio.wait_for(self._abort.wait(), seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True
 

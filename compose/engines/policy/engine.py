@@ -30,7 +30,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from dataclasses import dataclass, field as dc_field, replace
+from dataclasses import dataclass, replace
+from dataclasses import field as dc_field
 from typing import Any
 
 import numpy as np

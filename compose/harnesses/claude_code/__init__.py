@@ -38,7 +38,14 @@ registry. This module makes that reproducible from a clean clone. It guarantees:
 
 from __future__ import annotations
 
-from compose.harnesses.claude_code.fixtures import FIXTURE_FINAL, SCENARIOS, Recording, compact_json, record_scenario, write_fixtures
+from compose.harnesses.claude_code.fixtures import (
+    FIXTURE_FINAL,
+    SCENARIOS,
+    Recording,
+    compact_json,
+    record_scenario,
+    write_fixtures,
+)
 from compose.harnesses.claude_code.install import (
     CLAUDE_CODE_PACKAGE,
     CLAUDE_CODE_VERSION,

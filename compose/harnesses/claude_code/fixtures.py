@@ -13,8 +13,14 @@ from typing import Any
 
 from compose.harnesses.claude_code.install import CLAUDE_CODE_VERSION, ensure_claude_code
 from compose.harnesses.claude_code.runner import ClaudeCodeResult, run_claude_code
-from compose.harnesses.claude_code.stub import RecordedRequest, RecordingAnthropicStub, Reply, bash_tool_use, scripted, text_reply
-
+from compose.harnesses.claude_code.stub import (
+    RecordedRequest,
+    RecordingAnthropicStub,
+    Reply,
+    bash_tool_use,
+    scripted,
+    text_reply,
+)
 
 FIXTURE_PROMPT = "Run `echo tokentrail` with the Bash tool and tell me what it printed."
 FIXTURE_ALLOWED_TOOLS = ["Bash(echo:*)"]

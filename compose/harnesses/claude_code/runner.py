@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from compose.harnesses.claude_code.install import ensure_claude_code
 from compose.procs.headless import base_env, json_events, prepare_home, run_headless, run_home, tail, with_overrides

@@ -6,9 +6,10 @@ import copy
 import json
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from compose.harnesses.stub_server import ServedStub

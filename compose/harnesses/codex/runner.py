@@ -67,9 +67,10 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from compose.harnesses.codex.install import ensure_codex
 from compose.procs.headless import base_env, json_events, prepare_home, run_headless, run_home, tail, with_overrides

@@ -28,15 +28,15 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
-from compose.tools.async_demo.report import (ASYNC_DEMO_DIR, DemoOptions, DemoResult, StepReport, rollout_row,
-                                       sample_of)
+from compose.tools.async_demo.report import ASYNC_DEMO_DIR, DemoOptions, DemoResult, StepReport, rollout_row, sample_of
 from schemas.errors import TokentrailError
 
 __all__ = ["configure", "main", "run_demo"]
@@ -154,10 +154,10 @@ def run_demo(bootstrap: str, run_dir: Path, opts: DemoOptions, say: Callable[[st
     ``engine_url``: a running engine (dev mode, the ``random`` checkpoint) instead of starting
     one; the served checkpoint is pushed back into it first, so every run starts from step 0.
     """
-    from compose.rig.stack import LocalStack
-    from compose.engines.vllm_rig.engine import VllmEngine, checkpoint, score_prompt
     from compose.engines.vllm_rig.admin import set_version, weight_info
+    from compose.engines.vllm_rig.engine import VllmEngine, checkpoint, score_prompt
     from compose.engines.vllm_rig.weights import push_weights
+    from compose.rig.stack import LocalStack
 
     tag = time.strftime("%H%M%S")
     trainer = TrainerProcess(run_dir / "trainer.log")  # torch imports while the engine starts

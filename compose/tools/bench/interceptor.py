@@ -119,8 +119,8 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
 
     import httpx
 
-    from compose.rig.stack import LocalStack
     from compose.engines.vllm_rig.engine import SERVED_NAME, VllmEngine
+    from compose.rig.stack import LocalStack
 
     prompt = " ".join(f"word{i % 977} and" for i in range(args.prompt_words // 2))
     body = {"model": SERVED_NAME if args.engine == "vllm" else "tokentrail-policy",

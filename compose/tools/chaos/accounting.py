@@ -37,8 +37,9 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 __all__ = ["RUN_SPECIFIC_KEYS", "Outcome", "Row", "account", "canonical", "failing", "render", "total"]
 

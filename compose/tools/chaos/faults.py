@@ -26,16 +26,16 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable
 
 import httpx
 
 from compose.rig.kafka import broker as kafka_broker
+from compose.rig.stack import LocalStack
 from compose.tools.chaos.killsink import read_count, write_plan
 from compose.tools.chaos.workload import ChaosError, Progress
-from compose.rig.stack import LocalStack
 
 __all__ = ["BROKER_KILLING", "FAULTS", "FAULT_LABELS", "FaultContext", "Supervisor"]
 

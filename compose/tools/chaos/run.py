@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from compose.rig.kafka import broker as kafka_broker
+from compose.rig.stack import LocalStack
 from compose.tools.chaos.accounting import Outcome, Row, account, canonical
 from compose.tools.chaos.faults import BROKER_KILLING, FAULT_LABELS, FAULTS, FaultContext, Supervisor
 from compose.tools.chaos.killsink import TARGET
 from compose.tools.chaos.workload import ChaosError, Progress, RolloutRun, Workload, drive
-from compose.rig.stack import LocalStack
 from schemas.codec import decode_event
 from schemas.kafka.scan import TopicReader
 from schemas.records import CallCaptured, CallIncomplete, CallStarted

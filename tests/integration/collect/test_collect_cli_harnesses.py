@@ -15,8 +15,16 @@ import subprocess
 
 import pytest
 
-from tests.integration.collect.conftest import (collect_argv, kill, processes_under, rebuilt_deliveries, rows,
-                                                run_collect, wait_for, write_tasks)
+from tests.integration.collect.conftest import (
+    collect_argv,
+    kill,
+    processes_under,
+    rebuilt_deliveries,
+    rows,
+    run_collect,
+    wait_for,
+    write_tasks,
+)
 from tests.integration.engines import assert_one_token_exact_chain
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]

@@ -14,8 +14,8 @@ from pathlib import Path
 import confluent_kafka
 import pytest
 
-from schemas.kafka.admin import ensure_topics
 from schemas.codec import encode_event
+from schemas.kafka.admin import ensure_topics
 from schemas.kafka.config import PARTITIONER as PRODUCER_PARTITIONER
 from schemas.kafka.topics import TopicNames, key_for, topic_names
 

@@ -8,12 +8,12 @@ import uuid
 import confluent_kafka
 import pytest
 
-from schemas.kafka.admin import ensure_topics
 from consumers.loop import RebuildConsumer
 from consumers.settings import ConsumerSettings
 from consumers.sinks.conformance import run_conformance
 from consumers.sinks.kafka_groups import GroupedKafkaSink, decode_group
 from schemas.codec import encode_snapshot
+from schemas.kafka.admin import ensure_topics
 from schemas.kafka.topics import topic_names
 from tests.factories import finished, incomplete
 from tests.integration.consumers.test_interop_and_sinks import _read_topic

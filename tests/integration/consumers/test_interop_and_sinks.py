@@ -8,13 +8,13 @@ import uuid
 import confluent_kafka
 import pytest
 
-from consumers.sinks.conformance import run_conformance, sample_rollout
-from consumers.replay.eventlog import EventLog
 from consumers.gym.adapters import TokenLineage, TokenSink, TokenSource
 from consumers.gym.conformance import run_gym_conformance
-from consumers.sinks.kafka import KafkaSink
 from consumers.loop import RebuildConsumer
+from consumers.replay.eventlog import EventLog
 from consumers.settings import ConsumerSettings
+from consumers.sinks.conformance import run_conformance, sample_rollout
+from consumers.sinks.kafka import KafkaSink
 from schemas.codec import decode_rebuilt, encode_rebuilt, encode_snapshot
 from schemas.kafka.topics import key_for
 from tests.factories import event, finished

@@ -17,18 +17,18 @@ import uuid
 import confluent_kafka
 import pytest
 
-from consumers.replay.eventlog import EventLog
 from consumers.gym.adapters import TokenSink, TokenSource
 from consumers.gym.conformance import gym_entry
 from consumers.rebuild import rebuild
+from consumers.replay.eventlog import EventLog
 from processors.replay import MemoryState, replay
 from schemas.codec import decode_snapshot, encode_rebuilt
 from schemas.ids import response_id
-from schemas.records import Dialect, RetireRequested
 from schemas.kafka.topics import key_for
+from schemas.records import Dialect, RetireRequested
 from tests.factories import event, finished
-from tests.unit.consumers.support import child, root, snapshot_of, text_call
 from tests.integration.consumers.delivery import consume
+from tests.unit.consumers.support import child, root, snapshot_of, text_call
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 

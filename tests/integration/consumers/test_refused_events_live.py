@@ -22,11 +22,11 @@ from consumers.replay.eventlog import EventLog
 from processors.replay import MemoryState, replay
 from schemas.codec import encode_event
 from schemas.kafka.config import PARTITIONER
-from schemas.records import IncompleteReason, MaskCode
 from schemas.kafka.topics import key_for
+from schemas.records import IncompleteReason, MaskCode
 from tests.factories import event
-from tests.unit.consumers.support import child, declared, root
 from tests.integration.consumers.delivery import consume
+from tests.unit.consumers.support import child, declared, root
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 

@@ -15,11 +15,11 @@ import confluent_kafka
 import pytest
 
 from compose.harnesses.sdk import fault_tool, run_rollout
-from schemas.kafka.admin import ensure_topics, produce_all
-from consumers.replay.eventlog import EventLog
 from consumers.rebuild import to_json_line
+from consumers.replay.eventlog import EventLog
 from consumers.replay.rollouts import replay_rollout
 from schemas.codec import decode_snapshot, encode_event, encode_snapshot
+from schemas.kafka.admin import ensure_topics, produce_all
 from schemas.kafka.config import PARTITIONER as PRODUCER_PARTITIONER
 from schemas.kafka.topics import key_for, topic_names
 from tests.factories import event, incomplete

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from compose.rig.stack import LocalStack
 from compose.engines.vllm_rig.engine import VllmEngine
+from compose.rig.stack import LocalStack
 from tests.integration.engines import assert_one_token_exact_chain, require_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]

@@ -11,9 +11,9 @@ import httpx
 import openai
 import pytest
 
+from compose.engines.vllm_rig.engine import score_prompt
 from compose.harnesses.sdk import WEATHER_TOOL
 from compose.rig.stack import LocalStack
-from compose.engines.vllm_rig.engine import score_prompt
 from consumers.replay.eventlog import EventLog
 from schemas.records import CallCaptured, CallIncomplete
 

@@ -23,10 +23,10 @@ import numpy as np
 import openai
 import pytest
 
-from compose.rig.stack import LocalStack
-from compose.engines.vllm_rig.engine import score_prompt
 from compose.engines.vllm_rig.admin import resume
+from compose.engines.vllm_rig.engine import score_prompt
 from compose.engines.vllm_rig.weights import push_weights, read_safetensors, write_safetensors
+from compose.rig.stack import LocalStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker, pytest.mark.vllm]
 

@@ -24,12 +24,12 @@ import confluent_kafka
 from confluent_kafka.admin import AdminClient
 
 from compose.rig.scaleout import group_assignment  # noqa: F401  (the tests import it from here)
-from schemas.kafka.admin import produce_all
 from processors.replay import replay
 from schemas.codec import encode_event
-from schemas.records import RolloutEvent
+from schemas.kafka.admin import produce_all
 from schemas.kafka.config import PARTITIONER as PRODUCER_PARTITIONER
 from schemas.kafka.topics import MAX_MESSAGE_BYTES, TopicNames
+from schemas.records import RolloutEvent
 
 REPO = Path(__file__).resolve().parents[3]
 

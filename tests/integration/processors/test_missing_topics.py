@@ -17,8 +17,8 @@ import uuid
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from schemas.kafka.admin import ensure_topics
 from schemas.codec import decode_snapshot, encode_event
+from schemas.kafka.admin import ensure_topics
 from tests.factories import event, finished, make_call
 from tests.integration.processors.harness import REPO, FoldWorker, TopicReader, log_report, publish, topic_names_for
 

@@ -20,8 +20,8 @@ import uuid
 
 import pytest
 
-from schemas.kafka.admin import ensure_topics
 from schemas.codec import encode_event
+from schemas.kafka.admin import ensure_topics
 from tests.factories import event, finished, retire
 from tests.integration.processors.harness import (
     FoldWorker,

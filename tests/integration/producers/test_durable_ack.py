@@ -16,14 +16,14 @@ import confluent_kafka
 import httpx
 import pytest
 
-from compose.rig.kafka.broker import start_broker, stop_broker
 from compose.engines.policy import create_app
-from schemas.kafka.admin import ensure_topics
+from compose.rig.kafka.broker import start_broker, stop_broker
 from producers.http.app import Interceptor
 from producers.settings import InterceptorSettings
 from schemas.codec import decode_event
-from schemas.records import CallCaptured
+from schemas.kafka.admin import ensure_topics
 from schemas.kafka.topics import topic_names
+from schemas.records import CallCaptured
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 

@@ -20,12 +20,12 @@ import pytest
 from confluent_kafka.admin import ConfigResource
 
 from compose.engines.policy import create_app
-from schemas.kafka.admin import ensure_topics
 from producers.http.app import Interceptor
 from producers.settings import InterceptorSettings
+from schemas.kafka.admin import ensure_topics
 from schemas.kafka.bridge import admin_client
-from schemas.kafka.versions import VersionFollower
 from schemas.kafka.topics import topic_names
+from schemas.kafka.versions import VersionFollower
 from tests.unit.producers.conftest import RecordingPublisher
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]

@@ -19,8 +19,8 @@ import uuid
 
 import pytest
 
-from schemas.kafka.admin import ensure_topics
 from schemas.errors import TransportError
+from schemas.kafka.admin import ensure_topics
 from schemas.kafka.bridge import AckedProducer, PublishFailed, admin_client
 from schemas.kafka.config import producer_config
 from schemas.kafka.framing import deadletter_headers

@@ -8,12 +8,12 @@ import threading
 import pytest
 
 import consumers.loop as loop_module
-from consumers.sinks.stream import RolloutStream
-from consumers.trainer_stream import rollout_stream
 from consumers.loop import DeliveryFailed, MaskFractionExceeded, RebuildConsumer
 from consumers.offsets import OffsetTracker
 from consumers.settings import ConsumerSettings
 from consumers.sinks.plugin import JsonlSink
+from consumers.sinks.stream import RolloutStream
+from consumers.trainer_stream import rollout_stream
 from processors.fold import fold
 from processors.replay import MemoryState, replay
 from schemas.codec import decode_event

@@ -17,7 +17,15 @@ from schemas.hashing import compute_digest
 from schemas.records import ParentResolution, SnapshotCall
 from tests.factories import finished, make_call
 from tests.unit.consumers.support import (
-    child, codes, declared, detail, reordered, root, snapshot_of, tokens, unresolved,
+    child,
+    codes,
+    declared,
+    detail,
+    reordered,
+    root,
+    snapshot_of,
+    tokens,
+    unresolved,
 )
 
 

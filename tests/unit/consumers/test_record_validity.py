@@ -20,13 +20,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumers.sinks.conformance import sample_rollout
 from consumers.gym.adapters import entry_to_call
-from consumers.sinks.stream import RolloutStream
-from consumers.sinks.kafka import KafkaSink
 from consumers.rebuild import rebuild, to_json_dict, to_json_line
 from consumers.rebuild.validity import _holds_word, checked_record, strict_loads
+from consumers.sinks.conformance import sample_rollout
+from consumers.sinks.kafka import KafkaSink
 from consumers.sinks.plugin import JsonlSink
+from consumers.sinks.stream import RolloutStream
 from schemas.codec import decode_rebuilt
 from schemas.records import RolloutFinished
 from tests.unit.consumers.fakes import Journal, RecordingSink

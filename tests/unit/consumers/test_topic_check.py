@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from consumers.trainer_stream import rollout_stream
 from consumers.loop import RebuildConsumer, check_topics, required_topics
 from consumers.settings import ConsumerSettings
+from consumers.trainer_stream import rollout_stream
 from schemas.kafka.topics import REBUILT, TopicsUnavailable, topic_names
 from tests.unit.consumers.fakes import FakeConsumer, FakeProducer, Journal, RecordingSink
 

@@ -25,10 +25,16 @@ from schemas.records import MaskCode, TraceAttachment
 from tests.factories import finished
 from tests.unit.consumers.support import child, codes, declared, detail, root, snapshot_of, tokens, unresolved
 from tests.unit.consumers.test_traces import (
-    SUMMARY, gen, ids, owner, subagent_conversation, tcodes, trace_of, traces,
+    SUMMARY,
+    gen,
+    ids,
+    owner,
+    subagent_conversation,
+    tcodes,
+    trace_of,
+    traces,
 )
 from tests.unit.consumers.trace_forests import agent_items, middle, opening
-
 
 # -- forks --------------------------------------------------------------------------------------
 

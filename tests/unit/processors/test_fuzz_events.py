@@ -33,8 +33,17 @@ from schemas.codec import decode_event, decode_snapshot
 from schemas.records import IncompleteReason, MaskCode
 from tests.fuzzing import count, fuzz_settings
 from tests.unit.processors.fuzz_events_strategies import (
-    BASELINE, GOOD, GOOD_RECORDS, RETIRED, RETIRED_RECORDS, VICTIM, VICTIM_RECORDS, Outcome, absurd_events,
-    corruptions, fold_alone,
+    BASELINE,
+    GOOD,
+    GOOD_RECORDS,
+    RETIRED,
+    RETIRED_RECORDS,
+    VICTIM,
+    VICTIM_RECORDS,
+    Outcome,
+    absurd_events,
+    corruptions,
+    fold_alone,
 )
 
 pytestmark = pytest.mark.fuzz

@@ -11,8 +11,8 @@ import pytest
 
 from producers.http.app import Interceptor
 from producers.settings import InterceptorSettings
-from schemas.kafka.bridge import PublishFailed
 from schemas.codec import decode_event
+from schemas.kafka.bridge import PublishFailed
 from schemas.records import CallStarted
 
 

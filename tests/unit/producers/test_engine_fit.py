@@ -9,9 +9,9 @@ import json
 
 import pytest
 
+from consumers.rebuild.rules import RebuildRules
 from consumers.replay.eventlog import LoggedEvent
 from consumers.replay.rollouts import fold_records
-from consumers.rebuild.rules import RebuildRules
 from schemas.codec import encode_event
 from schemas.records import CallCaptured, CallIncomplete, RolloutFinished
 from tests.factories import event

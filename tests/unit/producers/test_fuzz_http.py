@@ -42,8 +42,16 @@ from schemas.records import CallCaptured, CallIncomplete, RolloutFinished
 from tests.fuzzing import COUNTS, count, fuzz_examples, fuzz_settings
 from tests.unit.producers import raw_asgi
 from tests.unit.producers.conftest import RecordingPublisher, vllm_chat_response
-from tests.unit.producers.test_malformed_requests import (CAPTURE, ITEMS, ROUTES, TOP_FIELDS, VALID, encode,
-                                                           error_message, nested)
+from tests.unit.producers.test_malformed_requests import (
+    CAPTURE,
+    ITEMS,
+    ROUTES,
+    TOP_FIELDS,
+    VALID,
+    encode,
+    error_message,
+    nested,
+)
 
 TOKEN = "s3cret"
 MAX_BODY = 256 * 1024  # small, so that an oversized body (a 413) is cheap to send

@@ -102,8 +102,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
 
-from producers.middleware_env import ENV_SETTINGS, claim_spool_dir
 from producers.capture.spool import Spool
+from producers.middleware_env import ENV_SETTINGS, claim_spool_dir
 from schemas.codec import encode_event
 from schemas.records import CallIncomplete
 from tests.factories import event, incomplete

@@ -8,8 +8,8 @@ import json
 import httpx
 import pytest
 
-from producers.http.app import Interceptor
 from producers.dialects.registry import DIALECTS, DialectRegistry
+from producers.http.app import Interceptor
 from producers.settings import InterceptorSettings
 from schemas.ids import call_id_from_response_id
 from schemas.records import CallCaptured, Dialect

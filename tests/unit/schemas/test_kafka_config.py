@@ -13,8 +13,14 @@ from typing import Any
 import pytest
 
 import schemas.kafka.bridge as bridge
-from schemas.kafka.config import (PARTITIONER, QUIET_LOGGER, admin_config, consumer_config, delivery_timeout_s,
-                                  producer_config)
+from schemas.kafka.config import (
+    PARTITIONER,
+    QUIET_LOGGER,
+    admin_config,
+    consumer_config,
+    delivery_timeout_s,
+    producer_config,
+)
 from schemas.kafka.topics import MAX_MESSAGE_BYTES
 
 BOOT = "127.0.0.1:9"

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from schemas.kafka.topics import (POLICY_VERSIONS, REBUILT_GROUPS, ROLLOUT_EVENTS, TOPICS, TopicNames, partitions_of,
-                                   topic_names, topic_prefix)
+from schemas.kafka.topics import (
+    POLICY_VERSIONS,
+    REBUILT_GROUPS,
+    ROLLOUT_EVENTS,
+    TOPICS,
+    TopicNames,
+    partitions_of,
+    topic_names,
+    topic_prefix,
+)
 
 
 def test_a_prefix_reaches_every_topic_and_is_recovered():

@@ -6,8 +6,15 @@ import dataclasses
 
 from schemas.hashing import compute_digest, conversation_prefix_digests
 from schemas.lineage_rules import (
-    AMBIGUOUS, INDEX_COLD, NO_MATCH, PublishedCandidate, delta_link_holds, delta_parent_len, prefix_verified,
-    published_candidates, select_parent,
+    AMBIGUOUS,
+    INDEX_COLD,
+    NO_MATCH,
+    PublishedCandidate,
+    delta_link_holds,
+    delta_parent_len,
+    prefix_verified,
+    published_candidates,
+    select_parent,
 )
 from schemas.records import ParentResolution
 from tests.factories import make_call

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repo root: the safetensors reader/writer
-from compose.engines.vllm_rig.weights import read_safetensors, write_safetensors  # noqa: E402
+from compose.engines.vllm_rig.weights import read_safetensors, write_safetensors
 
 EPS = 1e-6
 

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
+from compose.engines.vllm_rig.engine import SERVED_NAME
 from compose.harnesses.sdk import WEATHER_TOOL
 from compose.rig.stack import LocalStack
-from compose.engines.vllm_rig.engine import SERVED_NAME
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker, pytest.mark.vllm]
 

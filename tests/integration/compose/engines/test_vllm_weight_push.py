@@ -24,8 +24,8 @@ import httpx
 import pytest
 
 from compose.engines.vllm_rig import admin
-from compose.engines.vllm_rig.engine import SERVED_NAME, checkpoint, score_prompt
 from compose.engines.vllm_rig.admin import WeightPushError, is_paused, weight_info
+from compose.engines.vllm_rig.engine import SERVED_NAME, checkpoint, score_prompt
 from compose.engines.vllm_rig.weights import MECHANISM, push_weights, read_safetensors
 
 pytestmark = [pytest.mark.vllm]

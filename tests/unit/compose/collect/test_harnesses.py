@@ -8,11 +8,11 @@ import pytest
 
 import compose.harnesses.claude_code as cc
 import compose.harnesses.codex.runner as cx
-from compose.harnesses.claude_code.runner import ClaudeCodeResult
-from compose.harnesses.codex.runner import CodexResult
 from compose.collect.harnesses import Attempt, ClaudeCodeHarness, CodexHarness, OpenAISdkHarness
 from compose.collect.outcome import FailureClass
 from compose.collect.settings import CollectSettings
+from compose.harnesses.claude_code.runner import ClaudeCodeResult
+from compose.harnesses.codex.runner import CodexResult
 from compose.harnesses.sdk import Outcome
 
 SETTINGS = CollectSettings(tasks=Path("t"), out=Path("o.jsonl"), harness="claude-code", local=True,

@@ -7,7 +7,6 @@ import asyncio
 import json
 from pathlib import Path
 
-
 from compose.collect.journal import Journal, RunHeader
 from compose.collect.local import StackAddress
 from compose.collect.outcome import FailureClass, HarnessOutcome

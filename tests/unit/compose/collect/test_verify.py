@@ -10,8 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compose.collect.tasks import Task, VerifierSpec
-from compose.collect.verify import (EXTRACTED_LIMIT, VerifierError, check_verifiers, extract_answer,
-                                    load_verifier, verify)
+from compose.collect.verify import (
+    EXTRACTED_LIMIT,
+    VerifierError,
+    check_verifiers,
+    extract_answer,
+    load_verifier,
+    verify,
+)
 from schemas.errors import ConfigError, TokentrailError
 
 

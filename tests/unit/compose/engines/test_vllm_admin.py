@@ -22,7 +22,7 @@ def engine():
     state = type("State", (), {"status": 200, "seen": []})()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 (http.server's name)
+        def do_POST(self):
             body = self.rfile.read(int(self.headers["Content-Length"]))
             state.seen.append((self.path, self.headers.get("Authorization"), json.loads(body)))
             answer = b"{}" if state.status == 200 else b"no"  # vLLM's success is JSON; a refusal may be text

@@ -8,8 +8,9 @@ import contextlib
 import json
 import os
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-import compose.rig.stack
 import compose.rig.kafka.broker
+import compose.rig.stack
 from compose import cli
 from compose.ops import replay as replay_cli
 from consumers.replay import cli as consumers_replay

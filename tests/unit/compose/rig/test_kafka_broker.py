@@ -15,9 +15,17 @@ import pytest
 
 from compose import cli
 from compose.rig.kafka import broker as kafka_broker
-from compose.rig.kafka.broker import (BrokerError, broker_status, ensure_jars, java_command,
-                                  kafka_version, new_cluster_id, pick_free_ports,
-                                  render_server_properties, stop_broker)
+from compose.rig.kafka.broker import (
+    BrokerError,
+    broker_status,
+    ensure_jars,
+    java_command,
+    kafka_version,
+    new_cluster_id,
+    pick_free_ports,
+    render_server_properties,
+    stop_broker,
+)
 
 
 def _parse_properties(text: str) -> dict[str, str]:

@@ -7,11 +7,11 @@ from html.parser import HTMLParser
 
 import pytest
 
+from consumers.rebuild import RebuildRules, rebuild
 from consumers.replay.eventlog import LoggedEvent
 from consumers.replay.explain import explain
-from consumers.rebuild import RebuildRules, rebuild
-from consumers.replay.rollouts import Bound, fold_records, parse_bound, rule_changes
 from consumers.replay.report_html import render_html
+from consumers.replay.rollouts import Bound, fold_records, parse_bound, rule_changes
 from consumers.replay.summary import harness_of, summarize
 from schemas.codec import encode_event
 from schemas.errors import ConfigError

@@ -10,8 +10,8 @@ import types
 import pytest
 
 from consumers.sinks.conformance import SinkConformanceError, run_conformance, sample_rollout
-from consumers.sinks.stream import RolloutStream
 from consumers.sinks.plugin import JsonlSink, TrainerSink, load_sink
+from consumers.sinks.stream import RolloutStream
 from schemas.errors import ConfigError
 
 

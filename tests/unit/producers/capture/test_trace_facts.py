@@ -9,9 +9,15 @@ import json
 import pytest
 from starlette.datastructures import Headers
 
+from producers.capture.trace_facts import (
+    AGENT_HEADERS,
+    MAX_OPENING_DIGESTS,
+    TRACE_HEADER,
+    agent_name,
+    opening_text_digests,
+    trace_problem,
+)
 from producers.http.replies import upstream_headers
-from producers.capture.trace_facts import (AGENT_HEADERS, MAX_OPENING_DIGESTS, TRACE_HEADER, agent_name,
-                                   opening_text_digests, trace_problem)
 from schemas.hashing import text_digest
 from schemas.records import CallCaptured
 from tests.unit.producers.fake_vllm import FakeVLLM

@@ -7,8 +7,7 @@ import contextlib
 import httpx
 import pytest
 
-from compose.engines.policy import PolicySettings, create_app
-from compose.engines.policy import template
+from compose.engines.policy import PolicySettings, create_app, template
 from compose.engines.policy.server import StalledStreamAborted
 from compose.engines.policy.testkit import BASH, TOOLS, chat, chat_stream, echo, parse_sse, tool_results, user_turn
 from compose.engines.policy.tokenizer import get_tokenizer

@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
-from compose.engines.policy.testkit import BASH, READ, TOOLS, user_turn
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from compose.engines.policy import tokenizer as tk
 from compose.engines.policy.agent import build_arguments, decide_tool_call
@@ -15,6 +15,7 @@ from compose.engines.policy.engine import PolicyEngine
 from compose.engines.policy.model import PolicyModel
 from compose.engines.policy.parsing import parse_output
 from compose.engines.policy.settings import PolicySettings
+from compose.engines.policy.testkit import BASH, READ, TOOLS, user_turn
 from compose.engines.policy.words import WORDS
 
 ENGINE = PolicyEngine(PolicySettings())

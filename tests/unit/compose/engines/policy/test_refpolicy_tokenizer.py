@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from compose.engines.policy import tokenizer as tk
 from compose.engines.policy.tokenizer import SPECIAL_TOKENS, Tokenizer, get_tokenizer
