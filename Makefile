@@ -10,7 +10,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[dev]"
 	touch $@
 
 # Apache Kafka's broker jars from Maven Central into .kafka/libs (cached in ~/.m2).

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
+
+from schemas.errors import TokentrailError
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -32,6 +35,38 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# subcommand -> the install extra it needs beyond the runtime, and the modules that extra brings.
+# `pip install tokentrail` installs the runtime only (intercept, process, consume, ...).
+EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "policy": ("engine", ("numpy",)),
+    "collect": ("collect", ("numpy", "openai", "anthropic", "tqdm")),
+    "demo": ("dev", ("numpy", "openai", "anthropic")),
+    "demo-async": ("dev", ("numpy", "openai", "anthropic")),
+    "bench": ("dev", ("numpy", "openai", "anthropic")),
+    "chaos": ("dev", ("numpy", "openai", "anthropic")),
+}
+
+
+class MissingExtra(TokentrailError):
+    """A subcommand's install extra is not installed; the message names the pip command that adds it."""
+
+
+def check_extra(command: str) -> None:
+    """Raise `MissingExtra` if ``command`` needs an extra whose modules are not importable here."""
+    extra, modules = EXTRAS.get(command, ("", ()))
+    missing = [m for m in modules if not _installed(m)]
+    if missing:
+        raise MissingExtra(f"tokentrail {command} needs the [{extra}] extra (missing: {', '.join(missing)}): "
+                           f"pip install 'tokentrail[{extra}]' (or `make install`, which installs everything)")
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a finder that refuses it, or a broken install
+        return False
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """Build the parser; only the chosen subcommand's module is imported."""
     parser = argparse.ArgumentParser(prog="tokentrail", description=__doc__.splitlines()[0])
@@ -41,13 +76,18 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_text, description=help_text)
         sp.set_defaults(_module=module_name)
         if name == chosen:
+            check_extra(name)
             importlib.import_module(module_name).configure(sp)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
+    try:
+        args = build_parser(argv).parse_args(argv)
+    except MissingExtra as exc:
+        print(f"tokentrail: {exc}", file=sys.stderr)
+        return 2
     module = importlib.import_module(args._module)
     return int(module.main(args) or 0)
 
