@@ -84,6 +84,8 @@ def logged_now(monkeypatch):
             ev = dataclasses.replace(event(rid, body), emitted_at=now_us)
             records.append(LoggedEvent(0, len(records), now_us // 1000, encode_event(ev), key_for(rid)))
     monkeypatch.setattr(consumers.replay.eventlog, "EventLog", lambda *a, **k: FakeLog(records))
+    # No broker here: the policy-versions topic holds no announcement (else each run waits out the follower).
+    monkeypatch.setattr(replay_cli, "read_announcements", lambda bootstrap, topic, required: [])
     FakeLog.instances.clear()
     return records
 

@@ -163,6 +163,8 @@ def test_summary_counts_traces_and_masked_traces_per_kind_only_when_traces_are_d
 def fake_log(monkeypatch):
     records = two_rollouts()
     monkeypatch.setattr(consumers.replay.eventlog, "EventLog", lambda *a, **k: FakeLog(records))
+    # No broker here: the policy-versions topic holds no announcement (else each run waits out the follower).
+    monkeypatch.setattr(replay_cli, "read_announcements", lambda bootstrap, topic, required: [])
     return records
 
 
