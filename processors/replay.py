@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol, Union
+from typing import Any, Protocol
 
 from processors.fold import fold, fold_raw
 from processors.state import RolloutHeader, header_codec, header_key, is_rollout_key
@@ -81,7 +81,7 @@ class LogRecord(Protocol):
 
 
 # A logged record, a (key, value) pair, or an already decoded event (folded without its bytes).
-Record = Union[LogRecord, tuple[bytes | None, bytes], RolloutEvent]
+Record = LogRecord | tuple[bytes | None, bytes] | RolloutEvent
 
 
 @dataclass(frozen=True, slots=True)

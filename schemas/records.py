@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Union
+from typing import Any
 
 from schemas.errors import ContractError
 
@@ -302,7 +302,7 @@ class CallStarted:
     created_at: float = 0.0
 
 
-Body = Union[CallCaptured, CallIncomplete, RolloutFinished, RetireRequested, CallStarted]
+Body = CallCaptured | CallIncomplete | RolloutFinished | RetireRequested | CallStarted
 
 
 @dataclass(**_FROZEN)

@@ -86,9 +86,9 @@ def _arith(rng: Random, i: int) -> tuple[str, int]:
         k = rng.randint(5, 200)
         return f"Three consecutive integers add up to {3 * k + 3}. What is the largest of them?", k + 2
     if kind == 4:
-        w, l, p = rng.randint(3, 30), rng.randint(3, 40), rng.randint(2, 9)
-        return (f"A garden is {w} m wide and {l} m long. Fencing costs {p} dollars per metre. "
-                f"How many dollars does it cost to fence the whole perimeter?"), 2 * (w + l) * p
+        w, length, p = rng.randint(3, 30), rng.randint(3, 40), rng.randint(2, 9)
+        return (f"A garden is {w} m wide and {length} m long. Fencing costs {p} dollars per metre. "
+                f"How many dollars does it cost to fence the whole perimeter?"), 2 * (w + length) * p
     if kind == 5:
         n, t = rng.randint(20, 99), rng.randint(3, 9)
         return f"{n} students form teams of {t}. How many students are left without a full team?", n % t

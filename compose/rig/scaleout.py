@@ -272,7 +272,9 @@ class ScaleRun:
     def lines(self, consumer: str) -> list[bytes]:
         """The consumer's JSONL records, complete lines only, newline included."""
         path = self.sink_path(consumer)
-        return [l for l in path.read_bytes().splitlines(keepends=True) if l.endswith(b"\n")] if path.exists() else []
+        if not path.exists():
+            return []
+        return [line for line in path.read_bytes().splitlines(keepends=True) if line.endswith(b"\n")]
 
     def figures(self) -> dict[str, dict[str, int]]:
         """Per-worker counts: calls captured per interceptor, events folded per fold worker, records per consumer.

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -301,9 +302,9 @@ def _header_after(records: Iterator[Any], rollout_id: str, event_id: str) -> Rol
 def _replay_through(records: Iterator[Any], rollout_id: str, event_id: str, state: MemoryState,
                     what: str) -> Replayed:
     """The fold's step of this adapter's own event, the rollout's log folded up to it into ``state``."""
-    step = None
-    for step in replay(records, state=state, key=key_for(rollout_id), stop_after=event_id):
-        pass
+    # Fold the whole log up to the event; keep only its last step.
+    last = deque(replay(records, state=state, key=key_for(rollout_id), stop_after=event_id), maxlen=1)
+    step = last[0] if last else None
     if step is None or step.event_id != event_id:
         raise ContractError(f"the {what} event of rollout {rollout_id!r} is not in the log")
     return step

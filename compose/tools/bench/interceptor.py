@@ -205,7 +205,8 @@ def _warm_broker(bootstrap: str, n: int, tag: str, size: int = 6 << 10) -> list[
     for i in range(n):
         done: list = []
         start = time.perf_counter()
-        producer.produce(topic, key=str(i % 64).encode(), value=value, on_delivery=lambda err, msg: done.append(err))
+        producer.produce(topic, key=str(i % 64).encode(), value=value,
+                         on_delivery=lambda err, msg, done=done: done.append(err))
         while not done:
             producer.poll(0.0005)
         if done[0] is not None:

@@ -130,13 +130,13 @@ def main(args: argparse.Namespace) -> int:
         for n_tokens in args.tokens:
             snapshot = synth_snapshot(n_calls, n_tokens)
             blob = encode_snapshot(snapshot)
-            decode_ms = _median_ms(lambda: decode_snapshot(blob), args.repeat)
+            decode_ms = _median_ms(lambda blob=blob: decode_snapshot(blob), args.repeat)
             out = rebuild(snapshot, compact)
             if out.mask_sample or len(out.trajectory.token_ids) != n_tokens:
                 print(f"benchmark input is wrong: {out.mask_reasons}", file=sys.stderr)
                 return 1
-            c_ms = _median_ms(lambda: rebuild(snapshot, compact), args.repeat)
-            p_ms = _median_ms(lambda: rebuild(snapshot, projected), args.repeat)
+            c_ms = _median_ms(lambda snapshot=snapshot: rebuild(snapshot, compact), args.repeat)
+            p_ms = _median_ms(lambda snapshot=snapshot: rebuild(snapshot, projected), args.repeat)
             line = (f"{n_calls:>5} {n_tokens:>7} {decode_ms:>9.2f} {c_ms:>10.2f} {c_ms * 1e6 / n_tokens:>8.0f} "
                     f"{p_ms:>14.2f} {p_ms * 1e6 / n_tokens:>8.0f}")
             if gym:
@@ -145,7 +145,7 @@ def main(args: argparse.Namespace) -> int:
             print(line, flush=True)
             if n_calls == max(args.calls) and n_tokens == max(args.tokens):
                 text = rebuild(snapshot, projected).response_json or ""
-                worst = (c_ms, p_ms, len(text), _median_ms(lambda: _copy(text), args.repeat))
+                worst = (c_ms, p_ms, len(text), _median_ms(lambda text=text: _copy(text), args.repeat))
     if worst is not None:
         c_ms, p_ms, size, copy_ms = worst
         at = f"{max(args.calls)} calls / {max(args.tokens)} tokens"
@@ -169,8 +169,8 @@ def _versions(n_calls: int, n_tokens: int, repeat: int, compact: Any, projected:
     assert not out.mask_sample and sum(len(s.version_spans) for s in out.trajectory.spans) == 2 * n_calls
     figures = []
     for rules in (compact, projected):
-        base = _median_ms(lambda: rebuild(plain, rules), repeat)
-        with_spans = _median_ms(lambda: rebuild(spanned, rules), repeat)
+        base = _median_ms(lambda rules=rules: rebuild(plain, rules), repeat)
+        with_spans = _median_ms(lambda rules=rules: rebuild(spanned, rules), repeat)
         figures.append(f"{base:.2f} -> {with_spans:.2f} ms ({with_spans / base:.2f}x)")
     print(f"per-token versions, {n_calls} calls / {n_tokens} tokens, 2 spans per call: compact {figures[0]}, "
           f"with the projection {figures[1]}")

@@ -51,8 +51,8 @@ async def test_a_finish_is_marked_at_every_processor_stage_and_a_capture_is_not(
 
 
 async def test_the_worker_consumer_long_polls_at_most_the_setting(tmp_path):
-    app = create_app(ProcessorSettings(bootstrap="localhost:1", data_dir=tmp_path, fetch_wait_ms=40))
-    thread = app.consumer._thread
+    worker_app = create_app(ProcessorSettings(bootstrap="localhost:1", data_dir=tmp_path, fetch_wait_ms=40))
+    thread = worker_app.consumer._thread
     client = thread._create_worker_consumer(thread.transport)  # what the consumer thread builds at start
     try:
         assert client._fetch_max_wait_ms == 40  # faust's own would be 1500

@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.routing import Route
 
 from compose.engines.policy import create_app
+from producers.capture.spool import Spool
 from producers.http.inprocess import StreamingASGITransport
 from producers.middleware import TokentrailMiddleware
-from producers.middleware_env import settings_from_env
+from producers.middleware_env import ENV_SETTINGS, claim_spool_dir, settings_from_env
 from producers.settings import InterceptorSettings
+from schemas.codec import encode_event
 from schemas.errors import ConfigError
-from schemas.records import CallCaptured
+from schemas.records import CallCaptured, CallIncomplete
+from tests.factories import event, incomplete
 
 SETTINGS = InterceptorSettings(upstream_url="http://in-process", bootstrap="unused:9092")
 
@@ -95,18 +102,6 @@ async def test_chunks_reach_the_client_before_the_engine_finishes(publisher):
 
 
 # -- registered the way vLLM registers it: app.add_middleware(cls) -----------------------------
-
-import logging
-
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.routing import Route
-
-from producers.capture.spool import Spool
-from producers.middleware_env import ENV_SETTINGS, claim_spool_dir
-from schemas.codec import encode_event
-from schemas.records import CallIncomplete
-from tests.factories import event, incomplete
 
 CAPTURE = "/ng-rollout/{rid}/training-token-capture/v1/chat/completions"
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import schemas.kafka.bridge as bridge
+from schemas.errors import CodecError
 from schemas.kafka.config import (
     PARTITIONER,
     QUIET_LOGGER,
@@ -127,7 +128,8 @@ def test_the_gym_adapters_use_the_builder(recorded):
     async def publish() -> None:
         await sink._client.publish("rollout-cfg", None)
 
-    with pytest.raises(Exception):  # a None body does not encode; the producer was built first
+    # a None body does not encode; the producer was built first
+    with pytest.raises(CodecError, match="cannot encode RolloutEvent"):
         asyncio.run(publish())
     assert recorded == [producer_config(BOOT)]
 

@@ -72,7 +72,7 @@ class Qwen2:
             pre = f"model.layers.{layer}."
             h = self._norm(x, pre + "input_layernorm.weight")
 
-            def proj(name: str, count: int) -> torch.Tensor:
+            def proj(name: str, count: int, pre: str = pre, h: torch.Tensor = h) -> torch.Tensor:
                 w, b = p[pre + f"self_attn.{name}.weight"], p.get(pre + f"self_attn.{name}.bias")
                 out = h @ w.T + (b if b is not None else 0.0)
                 return out.view(n, count, dim)

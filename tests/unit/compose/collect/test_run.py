@@ -96,7 +96,7 @@ def _collector(tmp_path, harness, *, finisher=None, records=None, samples=1, **k
 
 
 def _rows(c: Collector) -> dict[str, dict]:
-    return {json.loads(l)["key"]: json.loads(l) for l in c.s.out.read_text().splitlines()}
+    return {json.loads(line)["key"]: json.loads(line) for line in c.s.out.read_text().splitlines()}
 
 
 async def test_every_rollout_is_verified_finished_and_delivered(tmp_path):
@@ -122,7 +122,7 @@ async def test_a_non_terminal_failure_is_retried_under_a_new_rollout_id(tmp_path
     await c.run()
     row = _rows(c)["two-0"]
     assert row["attempt"] == 1 and row["rollout_id"] == "run1.two-0.a1" and row["failure_class"] is None
-    (failure,) = [json.loads(l) for l in c.s.failures_path.read_text().splitlines()]
+    (failure,) = [json.loads(line) for line in c.s.failures_path.read_text().splitlines()]
     assert failure["rollout_id"] == "run1.two-0" and failure["failure_class"] == "timeout"
     assert [rid for rid, _ in c.finisher.finished if rid.startswith("run1.two")] == ["run1.two-0.a1"]
 

@@ -11,6 +11,7 @@ import sys
 
 import httpx
 import openai
+import pydantic
 import pytest
 
 from compose.engines.policy import PolicySettings, create_app
@@ -91,7 +92,7 @@ def test_cli_settings_are_validated():
     args = parser.parse_args(["--fault", "stall", "--stall-seconds", "2", "--reasoning", "--port", "0"])
     settings = policy_cli.settings_from_args(args)
     assert settings.faults == frozenset({"stall"}) and settings.reasoning and settings.port == 0
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="unknown_option"):
         PolicySettings(unknown_option=True)
 
 
