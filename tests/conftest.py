@@ -86,6 +86,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.get_closest_marker("vllm") is not None)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # The real-vLLM engines the selected tests need start now, in the background, on the core the
+    # single-threaded tiers before them leave idle (tests/integration/warm_engines.py).
+    if any(item.get_closest_marker("vllm") is not None for item in session.items):
+        from tests.integration.warm_engines import engines_needed, prewarm
+
+        prewarm(engines_needed(session.items))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    warm = sys.modules.get("tests.integration.warm_engines")
+    if warm is not None:
+        warm.stop_all()
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     from tests.fuzzing import COUNTS, fuzz_examples
 

@@ -11,36 +11,36 @@ from __future__ import annotations
 
 import shutil
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
 from compose.engines.vllm_rig.engine import VllmEngine
 from compose.rig.stack import LocalStack
 from tests.integration.engines import require_vllm
+from tests.integration.warm_engines import session_engine
 
 UPSTREAMS = ["reference", pytest.param("vllm", marks=pytest.mark.vllm)]
 
 
 @pytest.fixture(scope="session")
-def vllm_engine(tmp_path_factory) -> Iterator[VllmEngine]:
-    """Real vLLM on the crafted checkpoint, max_model_len 32768, dev-mode routes on (pause, weight versions)."""
+def vllm_engine() -> VllmEngine:
+    """Real vLLM on the crafted checkpoint, max_model_len 32768, dev-mode routes on (pause, weight versions).
+
+    Started in the background while the earlier tiers run (``tests/integration/warm_engines.py``).
+    """
     require_vllm()
-    with VllmEngine(tmp_path_factory.mktemp("vllm"), env={"VLLM_SERVER_DEV_MODE": "1"}) as engine:
-        yield engine
+    return session_engine("vllm_engine")
 
 
 @pytest.fixture(scope="session")
-def vllm_random_engine(tmp_path_factory) -> Iterator[VllmEngine]:
+def vllm_random_engine() -> VllmEngine:
     """Real vLLM on the random checkpoint (no two samples alike), max_model_len 32768, dev-mode routes on.
 
     Shared, to start one engine fewer per module: a test that pushes weights or sets the label
     puts the served weights back before it ends (the label may differ from "default").
     """
     require_vllm()
-    with VllmEngine(tmp_path_factory.mktemp("vllm-random"), variant="random",
-                    env={"VLLM_SERVER_DEV_MODE": "1"}) as engine:
-        yield engine
+    return session_engine("vllm_random_engine")
 
 
 @pytest.fixture(scope="module", params=UPSTREAMS)

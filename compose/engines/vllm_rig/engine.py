@@ -71,7 +71,14 @@ def checkpoint(variant: str, cache: Path | None = None) -> Path:
 
 @dataclass
 class VllmEngine:
-    """One vLLM API server on loopback. ``url`` is its base URL once started."""
+    """One vLLM API server on loopback. ``url`` is its base URL once started.
+
+    ``nice``: the engine's processes run at this niceness (10 by default). On a 2-core machine
+    the engine's compute thread holds one core and its API server and scheduler want the other;
+    the Kafka broker, the interceptor, the processor and the consumer beside it must not starve
+    (a broker starved for 24 s stops answering and the services give up at startup), so they
+    win a contended core and the engine takes what is left.
+    """
 
     run_dir: Path
     variant: str = "crafted"
@@ -79,6 +86,7 @@ class VllmEngine:
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     startup_timeout: float = 300.0
+    nice: int = 10
     url: str = ""
     proc: subprocess.Popen | None = None
 
@@ -90,7 +98,9 @@ class VllmEngine:
         model = checkpoint(self.variant)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (port,) = pick_free_ports(1)
-        argv = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        # nice(1) execs the server in place (same pid, same process group); its children inherit the niceness.
+        argv = [*(["nice", "-n", str(self.nice)] if self.nice else []),
+                str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                 "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(self.max_model_len),
                 *ENGINE_FLAGS, *self.extra_args]
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",

@@ -5,18 +5,25 @@ from __future__ import annotations
 
 import pytest
 
+from compose.engines.vllm_rig.engine import checkpoint
+from compose.engines.vllm_rig.weights import push_weights
 from compose.tools.async_demo.report import DemoOptions
 from compose.tools.async_demo.run import run_demo
-from tests.integration.engines import require_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker, pytest.mark.vllm]
 
 
-def test_two_trainer_steps_change_the_engines_weights_and_rollouts_name_the_versions(kafka_bootstrap, tmp_path):
-    require_vllm()
-    # Printed as it runs, so a failure's captured output shows how far the loop got.
-    result = run_demo(kafka_bootstrap, tmp_path, DemoOptions(steps=2, group_size=2, max_tokens=24),
-                      say=lambda line: print(line, flush=True))
+def test_two_trainer_steps_change_the_engines_weights_and_rollouts_name_the_versions(kafka_bootstrap, tmp_path,
+                                                                                       vllm_random_engine):
+    # The session's random-checkpoint engine (`make demo-async` starts one of its own the same way): the
+    # demo pushes the served checkpoint back first, and so does this test when it ends.
+    url = vllm_random_engine.url
+    try:
+        # Printed as it runs, so a failure's captured output shows how far the loop got.
+        result = run_demo(kafka_bootstrap, tmp_path, DemoOptions(steps=2, group_size=2, max_tokens=24),
+                          say=lambda line: print(line, flush=True), engine_url=url)
+    finally:
+        push_weights(url, checkpoint("random"), "v0")  # the next test starts from the served weights
 
     # The engine's weights changed: its log-probs of a fixed prompt moved between step 0 and the last step.
     assert result.weights_changed, (result.before, result.after)
