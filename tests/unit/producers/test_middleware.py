@@ -334,11 +334,11 @@ async def test_in_engine_vllm_admin_routes_under_the_prefix_are_refused_never_ru
     await _middleware_of(app).interceptor.shutdown()
 
 
-def test_the_readme_names_every_middleware_variable():
+def test_the_deploying_page_names_every_middleware_variable():
     from pathlib import Path
 
     from producers.middleware_env import ENV_SETTINGS
 
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    missing = [name for name, *_ in ENV_SETTINGS if f"`{name}`" not in readme]
-    assert not missing, f"README's in-engine middleware paragraph lacks {missing}"
+    page = (Path(__file__).resolve().parents[3] / "docs" / "deploying.md").read_text()
+    missing = [name for name, *_ in ENV_SETTINGS if f"`{name}`" not in page]
+    assert not missing, f"docs/deploying.md's in-engine middleware paragraph lacks {missing}"
