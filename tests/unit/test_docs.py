@@ -174,8 +174,9 @@ def is_tokentrail(word: str) -> bool:
 @functools.cache
 def subcommand_parser(name: str) -> argparse.ArgumentParser:
     """The parser of one subcommand, built as `tokentrail NAME` builds it (only its module imported)."""
-    root = build_parser([name])
-    return _subparsers(root).choices[name]
+    subcommands = _subparsers(build_parser([name]))
+    assert subcommands is not None, "compose.cli.build_parser made no subcommands"
+    return subcommands.choices[name]
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction | None:
