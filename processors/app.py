@@ -44,10 +44,12 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import faust
+from faust.types import RecordMetadata
 
 from processors.delivery import DirectChangelogTable, OffsetGuard, OrderedAcker
 from processors.fold import fold_raw
@@ -68,9 +70,10 @@ class ProcessorApp(faust.App):
     stopped_cleanly = False
     acker: OrderedAcker | None = None
     fetch_wait_ms = 1500  # the longest fetch long-poll (ProcessorSettings.fetch_wait_ms)
+    tokentrail_table: DirectChangelogTable  # the fold's state table (create_app sets it)
 
     def _new_consumer(self) -> Any:
-        consumer = super()._new_consumer()
+        consumer: Any = super()._new_consumer()  # patched through private names below
 
         async def no_gaps(tp: Any, offset_from: int, offset_to: int) -> None:
             return None  # rollout-events is neither compacted nor transactional: a jump is a hole, not a gap
@@ -146,26 +149,28 @@ def create_app(settings: ProcessorSettings) -> ProcessorApp:
         Table=DirectChangelogTable,
     )
     app.fetch_wait_ms = settings.fetch_wait_ms
-    raw = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw", partitions=p)
+    raw: dict[str, Any] = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
+                               partitions=p)
     events = app.topic(settings.topics.rollout_events, **raw)
     snapshots = app.topic(settings.topics.snapshots, **raw)
     deadletter = app.topic(settings.topics.deadletter, **raw)
-    table = app.Table(STATE_TABLE, default=None, partitions=p, key_type=bytes, value_type=bytes,
-                      options=settings.rocksdb.as_options(),
-                      extra_topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES)})
+    table = cast(DirectChangelogTable,  # the app's Table class
+                 app.Table(STATE_TABLE, default=None, partitions=p, key_type=bytes, value_type=bytes,
+                           options=settings.rocksdb.as_options(),
+                           extra_topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES)}))
     # Tables derive serializers from their types (json for bytes); state values are our own Avro bytes.
     table.key_serializer = "raw"
     table.value_serializer = "raw"
 
     @app.agent(events, name="fold")
-    async def fold_agent(stream: faust.StreamT) -> None:
+    async def fold_agent(stream: faust.StreamT[bytes]) -> None:
         acker = app.acker = OrderedAcker(app, table)
         guard = OffsetGuard(app, settings.topics.rollout_events, reseek_s=settings.hole_check_interval_s)
         acker.start()
         guard.start()
         fold_count = FoldCount()
         try:
-            async for event in stream.noack().events():
+            async for event in cast("faust.Stream[bytes]", stream).noack().events():
                 fetched = time.time() if STAGES.on else 0.0
                 message = event.message
                 if not await guard.admit(event):
@@ -178,7 +183,7 @@ def create_app(settings: ProcessorSettings) -> ProcessorApp:
                 records = table.write(message.partition, result.writes)
                 folded = time.time() if STAGES.on else 0.0
                 changelog = await table.produce_changelog(records)
-                outputs = []
+                outputs: list[Awaitable[RecordMetadata]] = []
                 for snapshot in result.emitted:
                     outputs.append(await snapshots.send(key=event.key, value=snapshot.data))
                 if STAGES.on and result.emitted:
@@ -197,12 +202,12 @@ def create_app(settings: ProcessorSettings) -> ProcessorApp:
             guard.stop()
             acker.stop()
 
-    app.tokentrail_table = table  # type: ignore[attr-defined]
+    app.tokentrail_table = table
     return app
 
 
-def _mark_stages(event: Any, times: tuple[float, float], changelog: list[asyncio.Future],
-                 snapshots: list[asyncio.Future]) -> None:
+def _mark_stages(event: Any, times: tuple[float, float], changelog: Sequence[Awaitable[RecordMetadata]],
+                 snapshots: Sequence[Awaitable[RecordMetadata]]) -> None:
     """Stage marks of an event that emitted a snapshot (a finish), for ``tokentrail bench e2e``."""
     key, sent = event.key, time.time()
     STAGES.mark(key, "finish.record", event.message.timestamp)
@@ -211,7 +216,12 @@ def _mark_stages(event: Any, times: tuple[float, float], changelog: list[asyncio
     STAGES.mark(key, "proc.sent", sent)  # changelog and snapshot handed to the producer (sends only enqueue)
     for futures, stage in ((changelog, "proc.changelog_acked"), (snapshots, "proc.snapshot_acked")):
         if futures:
-            futures[-1].add_done_callback(lambda _f, stage=stage: STAGES.mark(key, stage))
+            last = cast("asyncio.Future[RecordMetadata]", futures[-1])  # faust's sends return futures
+
+            def mark(_f: object, stage: str = stage) -> None:
+                STAGES.mark(key, stage)
+
+            last.add_done_callback(mark)
 
 
 def required_topics(settings: ProcessorSettings) -> list[str]:

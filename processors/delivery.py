@@ -30,13 +30,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 import faust
 import rocksdict
 from faust.tables.table import Table
-from faust.types import TP
+from faust.types import TP, RecordMetadata
+
+if TYPE_CHECKING:
+    from faust.stores.rocksdb import Store as RocksDBStore
+    from faust.transport.consumer import Consumer
+
+# A changelog record's send: faust types it Awaitable[RecordMetadata]; its producer's send returns a Future.
+Sent = asyncio.Future[RecordMetadata]
 
 log = logging.getLogger("tokentrail.processor")
 
@@ -57,7 +64,7 @@ FAUST_PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
 )
 
 
-class DirectChangelogTable(Table):
+class DirectChangelogTable(Table[bytes, bytes]):
     """A faust Table whose changelog records are collected for the caller to produce."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -86,7 +93,7 @@ class DirectChangelogTable(Table):
         Faust's ``table.get`` reaches the same ``Rdict.get`` through the table, the store and the
         serializer registry (raw here): that path was a fifth of a busy worker's time.
         """
-        return self.data._db_for_partition(partition)
+        return cast("RocksDBStore", self.data)._db_for_partition(partition)  # the app's store is rocksdb://
 
     def write(self, partition: int, writes: Mapping[bytes, bytes | None]) -> list[tuple[int, bytes, bytes | None]]:
         """Apply one event's writes to the partition's RocksDB as one batch; their changelog records, in order.
@@ -95,7 +102,7 @@ class DirectChangelogTable(Table):
         ``del table[key]`` for each delete of a key that exists (an absent key is neither deleted nor
         logged), in one RocksDB write instead of one per key. Keys are raw bytes, as the agent writes them.
         """
-        db = self.data._db_for_partition(partition)
+        db = cast("RocksDBStore", self.data)._db_for_partition(partition)  # the app's store is rocksdb://
         batch = rocksdict.WriteBatch(raw_mode=True)
         records: list[tuple[int, bytes, bytes | None]] = []
         for key, value in writes.items():
@@ -112,13 +119,14 @@ class DirectChangelogTable(Table):
             db.write(batch)
         return records
 
-    async def produce_changelog(self, records: list[tuple[int, bytes, bytes | None]]) -> list[asyncio.Future]:
+    async def produce_changelog(self, records: list[tuple[int, bytes, bytes | None]]) -> list[Sent]:
         """Hand the records to the producer in order; the futures resolve when Kafka has them."""
         topic = self.changelog_topic.get_topic_name()
         send = self.app.producer.send
-        return [await send(topic, key, value, partition, None, None) for partition, key, value in records]
+        return cast("list[Sent]", [await send(topic, key, value, partition, None, None)
+                                   for partition, key, value in records])
 
-    def mark_persisted(self, futures: list[asyncio.Future]) -> None:
+    def mark_persisted(self, futures: list[Sent]) -> None:
         """Remember the changelog offsets Kafka acknowledged, so a clean restart recovers from there."""
         last: dict[int, int] = {}
         for fut in futures:
@@ -141,9 +149,10 @@ class OrderedAcker:
 
     def __init__(self, app: faust.App, table: DirectChangelogTable, limit: int = 2000) -> None:
         self._app, self._table = app, table
-        self._queue: asyncio.Queue = asyncio.Queue(limit)  # bounds the events in flight
-        self._task: asyncio.Task | None = None
-        self._outputs: dict[bytes | None, list[asyncio.Future]] = {}
+        # bounds the events in flight
+        self._queue: asyncio.Queue[tuple[Any, list[Sent], list[Awaitable[Any]]]] = asyncio.Queue(limit)
+        self._task: asyncio.Task[None] | None = None
+        self._outputs: dict[bytes | None, list[Awaitable[Any]]] = {}
         self._in_flight = 0
 
     @property
@@ -163,7 +172,7 @@ class OrderedAcker:
         for fut in self._outputs.pop(key, ()):
             await fut
 
-    async def submit(self, event: Any, changelog: list[asyncio.Future], outputs: list[asyncio.Future]) -> None:
+    async def submit(self, event: Any, changelog: list[Sent], outputs: list[Awaitable[Any]]) -> None:
         if self._task is not None and self._task.done():
             self._task.result()  # a write failed: stop here, the events come again
         if outputs:
@@ -224,7 +233,7 @@ class OffsetGuard:
         self._rewinding: dict[TP, int] = {}
         self._reseek_s = reseek_s
         self._last_event = time.monotonic()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self.rewinds = 0
 
     def start(self) -> None:
@@ -254,7 +263,7 @@ class OffsetGuard:
             # Not acked: its offset must not become committable. Released first, so a rebalance (which
             # waits for unacked messages) never waits on the seek, which needs the consumer thread.
             message.acked = True
-            self._app.consumer._unacked_messages.discard(message)
+            cast("Consumer", self._app.consumer)._unacked_messages.discard(message)
             await self._seek(tp, expected)
             return False
         self._rewinding.pop(tp, None)
@@ -265,7 +274,7 @@ class OffsetGuard:
         """The next offset this partition owes: where it left off, else its committed offset."""
         if tp in self._next:
             return self._next[tp]
-        return self._app.consumer._committed_offset.get(tp) or 0
+        return cast("Consumer", self._app.consumer)._committed_offset.get(tp) or 0
 
     def _rewind(self, tp: TP, offset: int, why: str) -> None:
         log.warning("partition %s: %s; rewinding to %d", tp.partition, why, offset)

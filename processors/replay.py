@@ -100,7 +100,8 @@ class Replayed:
     def event_id(self) -> str | None:
         """The record's event id; None when it is not a decodable event (the fold dead-lettered it)."""
         if self.value is None:
-            return self.record.event_id
+            event: RolloutEvent = self.record  # no bytes: a decoded event was given
+            return event.event_id
         try:
             return event_id_of(self.value)
         except (CodecError, IndexError, UnicodeDecodeError):
@@ -109,7 +110,8 @@ class Replayed:
     def event(self) -> RolloutEvent | None:
         """The decoded event; None when it is not decodable (the fold said why in a dead letter)."""
         if self.value is None:
-            return self.record
+            event: RolloutEvent = self.record  # no bytes: a decoded event was given
+            return event
         try:
             return decode_event(self.value)
         except Exception:
@@ -135,6 +137,7 @@ def replay(
       its snapshot, so memory follows the rollouts in flight; a later write starts a fresh state).
     """
     state = MemoryState() if state is None else state
+    rollout_key: bytes | None
     for i, record in enumerate(records):
         position = None if offsets_from is None else (0, offsets_from + i)
         if isinstance(record, RolloutEvent):
@@ -147,7 +150,12 @@ def replay(
         step = Replayed(record, value, result)
         if forget_retired and result.changed:
             # Only a write can retire, and a record that wrote is a valid event of its key's rollout.
-            rollout_id = rollout_key.decode() if rollout_key is not None else step.event().rollout_id
+            if rollout_key is not None:
+                rollout_id = rollout_key.decode()
+            else:
+                written = step.event()
+                assert written is not None  # it wrote, so it decoded
+                rollout_id = written.rollout_id
             if state.retired(rollout_id):
                 state.forget(rollout_id)
         yield step

@@ -33,8 +33,6 @@ from typing import Protocol
 
 from processors.state import (
     RolloutHeader,
-    avro_long,
-    avro_string,
     call_key,
     incomplete_codec,
     incomplete_key,
@@ -42,7 +40,7 @@ from processors.state import (
     read_stored_call_head,
     seq_key,
 )
-from schemas.codec import decode_snapshot, encode_snapshot
+from schemas.codec import avro_long, avro_string, decode_snapshot, encode_snapshot
 from schemas.errors import ContractError
 from schemas.kafka.framing import value_limit
 from schemas.kafka.topics import MAX_MESSAGE_BYTES
@@ -80,7 +78,7 @@ class EmittedSnapshot:
 def build_snapshot(state: _Reader, header: RolloutHeader, *, limit: int = MAX_SNAPSHOT_BYTES) -> EmittedSnapshot:
     """The frozen rollout described by ``header`` (its calls and markers read from ``state``)."""
     rid = header.rollout_id
-    items = []
+    items: list[bytes | memoryview] = []
     for seq in range(header.n_calls):
         call_id = state.get(seq_key(rid, seq))
         raw = state.get(call_key(rid, call_id.decode())) if call_id is not None else None
@@ -141,7 +139,7 @@ def _shell(header: RolloutHeader, markers: list[CallIncomplete]) -> Snapshot:
     )
 
 
-def _splice_calls(shell: Snapshot, header: RolloutHeader, n: int, items: list) -> bytes:
+def _splice_calls(shell: Snapshot, header: RolloutHeader, n: int, items: list[bytes | memoryview]) -> bytes:
     encoded = encode_snapshot(shell)
     if not n:
         return encoded

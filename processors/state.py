@@ -35,6 +35,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field, fields
 from functools import cache
+from typing import Any
 
 import fastavro
 
@@ -194,11 +195,12 @@ def is_rollout_key(key: bytes, rollout_id: str) -> bool:
 # ---------------------------------------------------------------- Avro by hand (hot path)
 
 @cache
-def _call_schema() -> object:
+def _call_schema() -> dict[str, Any]:
     # The CallCaptured schema as StoredCall (and Snapshot) embed it: one parse, one source of truth.
     for f in call_codec().schema["fields"]:
         if f["name"] == "call":
-            return f["type"]
+            schema: dict[str, Any] = f["type"]
+            return schema
     raise AssertionError("StoredCall.avsc has no call field")
 
 

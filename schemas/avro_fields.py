@@ -16,6 +16,7 @@ inside a field are not descended into.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -101,11 +102,11 @@ def _is_utf8_str(value: Any) -> bool:
     return True
 
 
-def _int_in(low: int, high: int):
+def _int_in(low: int, high: int) -> Callable[[Any], bool]:
     return lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
 
 
-_PRIMITIVES = {
+_PRIMITIVES: dict[str, Callable[[Any], bool]] = {
     "null": lambda v: v is None,
     "boolean": lambda v: isinstance(v, bool),
     "int": _int_in(INT_MIN, INT_MAX),

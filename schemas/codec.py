@@ -22,7 +22,7 @@ from enum import StrEnum
 from functools import cache
 from importlib import resources
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import fastavro
 from fastavro.schema import fingerprint, load_schema, parse_schema, to_parsing_canonical_form
@@ -138,7 +138,7 @@ def to_avro(obj: Any, table: Nested = _NESTED) -> dict[str, Any]:
 
     ``table`` says how nested fields convert (the contract's by default; see ``with_nested``).
     """
-    cls = type(obj)
+    cls: type = type(obj)
     nested = table.get(cls, {})
     out: dict[str, Any] = {}
     for name in _field_names(cls):
@@ -204,7 +204,8 @@ class RecordCodec(Generic[T]):
         self.schema_name = schema_name
         self.supported_version = supported_version
         with resources.as_file(_schema_dir() / f"tokentrail.{schema_name}.avsc") as path:
-            self.schema = load_schema(str(path))
+            # A record's schema file parses to a dict.
+            self.schema = cast(dict[str, Any], load_schema(str(path)))
         self.fingerprint = _fingerprint_of(self.schema)
         self._writers: dict[bytes, Any] = {self.fingerprint: self.schema}
         for old in _history(schema_name):
@@ -237,13 +238,14 @@ class RecordCodec(Generic[T]):
         body = io.BytesIO(bytes(data[_HEADER_LEN:]))
         try:
             reader = None if writer is self.schema else self.schema
-            datum = fastavro.schemaless_reader(
+            # A record schema decodes to a dict.
+            datum = cast(dict[str, Any], fastavro.schemaless_reader(
                 body,
                 writer,
                 reader,
                 return_record_name=True,
                 return_record_name_override=True,
-            )
+            ))
         except Exception as exc:  # fastavro raises many types on truncated/corrupt input
             raise CodecError(f"corrupt {self.schema_name} body ({type(exc).__name__}: {exc})") from exc
         # The body must be consumed exactly: bytes after it would be carried along wherever encoded

@@ -95,7 +95,7 @@ def canonicalize_tool_arguments(value: Any) -> str:
     return _canonical_json(value)
 
 
-def assistant_fingerprint(items: list[dict]) -> str:
+def assistant_fingerprint(items: list[dict[str, Any]]) -> str:
     """Lookup key of a request: the hash of its model-authored turns, in order."""
     hasher = hashlib.sha256(_FINGERPRINT_DOMAIN)
     authored = 0
@@ -114,12 +114,12 @@ def assistant_fingerprint(items: list[dict]) -> str:
     return hasher.hexdigest() if authored else ""
 
 
-def conversation_digest(items: list[dict]) -> str:
+def conversation_digest(items: list[dict[str, Any]]) -> str:
     """Verifier of a request context: every item, model-authored or not."""
     return _ContextHasher().update_all(items).hexdigest()
 
 
-def conversation_prefix_digests(items: list[dict]) -> list[str]:
+def conversation_prefix_digests(items: list[dict[str, Any]]) -> list[str]:
     """``conversation_digest(items[:k])`` for every k in 0..len(items), in one pass."""
     hasher = _ContextHasher()
     digests = [hasher.hexdigest()]
@@ -137,12 +137,12 @@ class _ContextHasher:
     def __init__(self) -> None:
         self._h = hashlib.sha256(_CONTEXT_DOMAIN)
 
-    def update_all(self, items: list[dict]) -> _ContextHasher:
+    def update_all(self, items: list[dict[str, Any]]) -> _ContextHasher:
         for item in items or []:
             self.update_item(item)
         return self
 
-    def update_item(self, item: dict) -> None:
+    def update_item(self, item: dict[str, Any]) -> None:
         _require_object(item)
         h = self._h
         _update(h, b"\x00", str(item.get("role") or item.get("type") or ""))
@@ -171,7 +171,7 @@ def _require_object(item: Any) -> None:
         )
 
 
-def _is_model_authored(item: dict) -> bool:
+def _is_model_authored(item: dict[str, Any]) -> bool:
     # Chat and Anthropic: role assistant. Responses: roleless function_call items.
     # Reasoning items are left out on purpose: harnesses need not echo them.
     return item.get("role") == "assistant" or item.get("type") == "function_call"
@@ -208,7 +208,7 @@ def _content_parts(content: Any) -> list[tuple[str, str]]:
     return parts
 
 
-def _tool_calls(item: dict) -> list[tuple[str, str, str]]:
+def _tool_calls(item: dict[str, Any]) -> list[tuple[str, str, str]]:
     calls: list[tuple[str, str, str]] = []
     if item.get("type") == "function_call":
         calls.append(
@@ -241,7 +241,7 @@ def _tool_calls(item: dict) -> list[tuple[str, str, str]]:
     return calls
 
 
-def _tool_results(item: dict) -> list[tuple[str, str]]:
+def _tool_results(item: dict[str, Any]) -> list[tuple[str, str]]:
     results: list[tuple[str, str]] = []
     if item.get("type") == "function_call_output":
         output = item.get("output")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from schemas.errors import ContractError
 from schemas.records import VersionSpan
@@ -103,9 +103,10 @@ class VersionBook:
         if self.current is None:
             return None
         steps = [self.step_of(label) for label in labels]
-        if not steps or any(s is None for s in steps):
+        known = [s for s in steps if s is not None]
+        if not steps or len(known) != len(steps):
             return None
-        return max(0, self.current.step - min(steps))  # type: ignore[type-var]
+        return max(0, self.current.step - min(known))
 
 
 # -- spans -------------------------------------------------------------------------------------
@@ -120,6 +121,10 @@ def merge_spans(spans: Iterable[VersionSpan]) -> list[VersionSpan]:
         else:
             out.append(s)
     return out
+
+
+def _is_int(x: object) -> TypeGuard[int]:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def engine_spans(value: Any, n: int) -> list[VersionSpan]:
@@ -137,7 +142,7 @@ def engine_spans(value: Any, n: int) -> list[VersionSpan]:
         version, start, end = raw.get("version"), raw.get("start"), raw.get("end")
         if not isinstance(version, str) or not version:
             raise ValueError(f"weight_versions[{i}].version={version!r}: must be a non-empty string")
-        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (start, end)):
+        if not (_is_int(start) and _is_int(end)):
             raise ValueError(f"weight_versions[{i}]: start={start!r} and end={end!r} must be integers")
         if start != at or end < start:
             raise ValueError(f"weight_versions[{i}] = [{start}, {end}) does not continue at token {at}")

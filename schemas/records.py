@@ -261,7 +261,8 @@ class CallCaptured:
 
     @property
     def output_items(self) -> list[dict[str, Any]]:
-        return json.loads(self.output_items_json)
+        items: list[dict[str, Any]] = json.loads(self.output_items_json)
+        return items
 
 
 @dataclass(**_FROZEN)

@@ -167,9 +167,9 @@ class _Run:
         _require(name, right is True, "the exact snapshot could not be dropped")
 
     async def lineage_visibility(self, name: str, rid: str, fresh: bool = False) -> None:
-        resolver = None if fresh else self._client(self.lineage_factory)  # type: ignore[arg-type]
+        resolver = None if fresh else self._client(self.lineage_factory)
         await self.sink().put(gym_entry(rid, "call-1", [101, 102, 103], [201, 202]))
-        resolver = resolver or self._client(self.lineage_factory)  # type: ignore[arg-type]
+        resolver = resolver or self._client(self.lineage_factory)
         follow_up = [{"role": "user", "content": "And tomorrow?"}]
         faithful = await resolver.resolve(rid, REQUEST + OUTPUT + follow_up)
         _require(name, faithful.status == "resolved" and faithful.match is not None

@@ -68,7 +68,7 @@ def resolve_retries(forest: Forest, pinned: set[int]) -> list[list[str]]:
     content-attributed terminal and its ancestors).
     """
     depth = _depths(forest.live)
-    groups: dict[tuple, list[Node]] = {}
+    groups: dict[tuple[int, tuple[int, ...]], list[Node]] = {}
     for node in forest.live:
         groups.setdefault((id(node.parent), tuple(node.delta)), []).append(node)
     retried = [g for g in groups.values() if len(g) > 1]
@@ -88,7 +88,8 @@ def resolve_retries(forest: Forest, pinned: set[int]) -> list[list[str]]:
 def _depths(live: list[Node]) -> dict[int, int]:
     depth: dict[int, int] = {}
     for node in live:  # iterative: walk up to a known depth, then assign down
-        path, cur = [], node
+        path: list[Node] = []
+        cur: Node | None = node
         while cur is not None and id(cur) not in depth:
             path.append(cur)
             cur = cur.parent

@@ -33,6 +33,7 @@ new conversation.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from consumers.rebuild.sidecalls import SideCall
@@ -199,13 +200,13 @@ def _ends_with(prompt: list[int], length: int, tail: list[int]) -> bool:
     return not tail or (len(tail) <= length and prompt[length - len(tail) : length] == tail)
 
 
-def _break_cycles(nodes, links: Links) -> bool:
+def _break_cycles(nodes: Iterable[Node], links: Links) -> bool:
     """Cut every cycle (possible only in forged snapshots); its members become boundaries."""
     state: dict[int, int] = {}  # id(node) -> 1 on the current walk, 2 finished
     found = False
     for start in nodes:
         path: list[Node] = []
-        node = start
+        node: Node | None = start
         while node is not None and state.get(id(node)) != 2:
             if state.get(id(node)) == 1:
                 cycle = path[path.index(node):]

@@ -19,10 +19,11 @@ reason, never as an exception: a record's content cannot stop a sink.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from consumers.rebuild.validity import checked_record
-from schemas.records import RebuiltRollout, Trace, Trajectory
+from schemas.records import MaskReason, RebuiltRollout, Trace, Trajectory
 
 _RESPONSE_SLOT = '"response":null'
 
@@ -90,7 +91,7 @@ def _trace_skeleton(trace: Trace) -> dict[str, Any]:
     }
 
 
-def _reasons(reasons) -> list[dict[str, Any]]:
+def _reasons(reasons: Iterable[MaskReason]) -> list[dict[str, Any]]:
     return [{"code": r.code, "detail": r.detail, "call_ids": r.call_ids} for r in reasons]
 
 

@@ -83,7 +83,7 @@ def project_response_json(chain: list[Node], rollout_id: str) -> str:
 
 def project_response(chain: list[Node], rollout_id: str) -> dict[str, Any]:
     """The projection as a dict, checked with ``assert_prefix_contiguity``."""
-    response = json.loads(project_response_json(chain, rollout_id))
+    response: dict[str, Any] = json.loads(project_response_json(chain, rollout_id))
     assert_prefix_contiguity(response["output"])
     return response
 

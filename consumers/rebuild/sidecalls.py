@@ -27,6 +27,7 @@ order.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from consumers.rebuild.rules import RebuildRules
@@ -81,7 +82,8 @@ def _calibrated_policy_model(calls: list[CallCaptured]) -> str | None:
     return min(mass, key=lambda model: (-mass[model], model))
 
 
-def _toolless_short(calls: list[CallCaptured], side: dict[str, SideCall], limit: int, mark) -> None:
+def _toolless_short(calls: list[CallCaptured], side: dict[str, SideCall], limit: int,
+                    mark: Callable[[CallCaptured, str], None]) -> None:
     if not any(c.facts.tools_present for c in calls if c.model_call_id not in side):
         return  # a tool-less rollout: short tool-less calls are its turns, not side calls
     continued = {c.parent_call_id for c in calls if c.parent_call_id}

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from consumers.rebuild.graph import Forest, live_children
 from consumers.rebuild.links import Node
@@ -41,7 +42,7 @@ class Attribution:
     method: str = "none"
     failure: MaskCode | None = None  # mask code when attribution failed
     detail: str = ""
-    notes: dict = field(default_factory=dict)  # evidence report for detail_json
+    notes: dict[str, Any] = field(default_factory=dict)  # evidence report for detail_json
 
 
 def attribute_by_evidence(forest: Forest, finished: RolloutFinished, methods: tuple[str, ...]) -> Attribution:

@@ -91,7 +91,8 @@ def _trunk_target(tree_chains: list[list[Node]], terminal: Node | None, summarie
     return max((chain[-1] for chain in tree_chains), key=lambda n: n.order_key)
 
 
-def _trace(index: int, plan: tuple[list[Node], int, RootIdentity, Node], plans: list, owner: dict[int, int],
+def _trace(index: int, plan: tuple[list[Node], int, RootIdentity, Node],
+           plans: list[tuple[list[Node], int, RootIdentity, Node]], owner: dict[int, int],
            identities: dict[int, RootIdentity], retried: dict[str, list[str]], untrained: set[int],
            rules: RebuildRules, rollout_id: str, known: dict[int, Trajectory]) -> Trace:
     path, own_from, ident, root = plan
@@ -116,6 +117,7 @@ def _trace(index: int, plan: tuple[list[Node], int, RootIdentity, Node], plans: 
         code = exc.code if isinstance(exc, ChainError) else MaskCode.BUILD_ERROR
         reasons.append(MaskReason(code=code, detail=f"{type(exc).__name__}: {exc}", call_ids=[n.call_id for n in own]))
     fork = path[own_from - 1] if own_from else None
+    attachment: TraceAttachment | None
     if fork is not None:
         kind, label, classified_by, segment = TraceKind.OTHER, f"{ident.label}/fork", "fork", ident.segment
         parent_trace, attachment = owner[id(fork)], TraceAttachment(call_id=fork.call_id)

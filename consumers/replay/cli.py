@@ -114,9 +114,11 @@ def _rollouts(args, since, until, rules, new_rules) -> int:
                 result.rebuilt[-1] = judge(result.snapshot, result.rollout)
             changes = redecided = None
             if new_rules is not None and result.snapshot is not None:
+                original = result.rollout
+                assert original is not None  # each snapshot is rebuilt as it is read
                 # Judged as the original is, so the comparison shows what the rule file changes, not the bound.
                 redecided = judge(result.snapshot, rebuild(result.snapshot, new_rules))
-                changes = rule_changes(result.rollout, redecided) + trace_changes(result.rollout, redecided)
+                changes = rule_changes(original, redecided) + trace_changes(original, redecided)
             if args.format == "json":
                 documents.append({
                     "rollout_id": rollout_id,
@@ -133,6 +135,7 @@ def _rollouts(args, since, until, rules, new_rules) -> int:
                 print(f"\nunder {under}: " + ("no change" if not changes else ""))
                 for change in changes:
                     print(f"  - {change}")
+                assert redecided is not None and result.rollout is not None  # set with `changes`
                 tree = trace_tree(redecided) if redecided.traces else []
                 if tree and tree != trace_tree(result.rollout):
                     print("\n".join(["", f"under {under}, {tree[0]}", *tree[1:]]))

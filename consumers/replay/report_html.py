@@ -66,7 +66,7 @@ def _chart(timeline: list[dict[str, Any]], reasons: list[str], colors: dict[str,
     bar = (w - pad) / buckets
     parts = [f'<svg width="{w}" height="{h + 40}" role="img" aria-label="mask reasons over time">']
     for i, c in enumerate(counts):
-        y = h
+        y: float = h
         for name in ["delivered", *reasons]:
             n = c[name]
             if not n:

@@ -97,8 +97,8 @@ class _Kit:
         sink = self.factory()
         if inspect.isawaitable(sink):
             sink = await sink
-        self.sinks.append(sink)  # type: ignore[arg-type]
-        return sink  # type: ignore[return-value]
+        self.sinks.append(sink)
+        return sink
 
     async def deliver(self, sink: TrainerSink, rollout: RebuiltRollout) -> None:
         try:

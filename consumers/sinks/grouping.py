@@ -267,7 +267,7 @@ class GroupAssembler:
         return json.dumps(value, sort_keys=True)  # a number or object id: its canonical text
 
     def _size_of(self, rollout: RebuiltRollout) -> int:
-        size = self.group_size
+        size: object = self.group_size
         if callable(size):
             size = size(rollout)
         elif isinstance(size, str):

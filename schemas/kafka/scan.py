@@ -117,5 +117,7 @@ class TopicReader:
                 raise TransportError(f"reading {topic}[{partition}]: {err}")
             if key is None or msg.key() == key:
                 yield msg
-            if msg.offset() >= high - 1:
+            offset = msg.offset()
+            assert offset is not None  # a record (not an error event) always has its offset
+            if offset >= high - 1:
                 return

@@ -78,7 +78,8 @@ def _watermarks(consumer: Any, tp: Any, *, deadline: float) -> tuple[int, int]:
     """
     while True:
         try:
-            return consumer.get_watermark_offsets(tp, timeout=10)
+            offsets: tuple[int, int] = consumer.get_watermark_offsets(tp, timeout=10)
+            return offsets
         except confluent_kafka.KafkaException as exc:
             error = exc.args[0] if exc.args else None
             retriable = getattr(error, "retriable", lambda: False)() or getattr(error, "code", lambda: None)() in (
@@ -98,7 +99,7 @@ class VersionFollower:
     """The policy-versions topic folded into ``book``, kept current by a background thread."""
 
     def __init__(self, bootstrap: str, topic: str = POLICY_VERSIONS, *,
-                 on_change: Callable[[PolicyVersion], None] | None = None, poll_s: float = 0.2) -> None:
+                 on_change: Callable[[PolicyVersion], object] | None = None, poll_s: float = 0.2) -> None:
         self.bootstrap, self.topic = bootstrap, topic
         self.book = VersionBook()
         self.skipped = 0  # records that could not be decoded
@@ -110,7 +111,7 @@ class VersionFollower:
         self._thread: threading.Thread | None = None
         self._consumer: Any = None
 
-    def on_change(self, callback: Callable[[PolicyVersion], None]) -> None:
+    def on_change(self, callback: Callable[[PolicyVersion], object]) -> None:
         self._callbacks.append(callback)
 
     def start(self) -> VersionFollower:
