@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producers.dialects.base import DialectAdapter
 from producers.dialects.registry import DIALECTS
@@ -184,7 +184,7 @@ class TokentrailMiddleware:
             log.error("%s", message)
 
     def _on_lifespan_send(self, send: Send) -> Send:
-        async def wrapped(message: dict[str, Any]) -> None:
+        async def wrapped(message: Message) -> None:
             if message["type"] == "lifespan.startup.complete" and self.interceptor is not None:
                 try:  # claim the spool now, so what a dead process left is drained without waiting for a call
                     await self._ensure_started()

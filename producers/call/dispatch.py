@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -133,7 +134,7 @@ class StreamWatch:
         self._handle.cancel()
 
 
-def auth_of(headers: dict[str, str]) -> dict[str, str]:
+def auth_of(headers: Mapping[str, str | bytes]) -> dict[str, str | bytes]:
     return {"authorization": headers["authorization"]} if "authorization" in headers else {}
 
 
@@ -153,7 +154,7 @@ class EngineFailure:
         return cls(reason, engine_message(content), status, content)
 
 
-async def send_chat(svc: CaptureServices, call: Call, body: dict[str, Any], headers: dict[str, str],
+async def send_chat(svc: CaptureServices, call: Call, body: dict[str, Any], headers: Mapping[str, str | bytes],
                     deadlines: Deadlines, *, stream: bool) -> Any:
     """The engine's response (status < 400, body unread), or an ``EngineFailure``; engine I/O only, no record.
 
@@ -165,7 +166,9 @@ async def send_chat(svc: CaptureServices, call: Call, body: dict[str, Any], head
         by = deadlines.next_chunk_by(loop.time()) if stream else deadlines.end
         try:
             async with asyncio.timeout_at(by):
-                request = svc.upstream.build_request("POST", CHAT_PATH, content=orjson.dumps(body), headers=headers)
+                # httpx takes str and bytes header values mixed; its type hint says one or the other.
+                request = svc.upstream.build_request("POST", CHAT_PATH, content=orjson.dumps(body),
+                                                     headers=headers)  # type: ignore[arg-type]
                 upstream = await svc.upstream.send(request, stream=True)
         except TimeoutError:
             return EngineFailure(IncompleteReason.ENGINE_TIMEOUT, deadlines.expired(by, "waiting for its answer"))
@@ -194,7 +197,7 @@ async def send_chat(svc: CaptureServices, call: Call, body: dict[str, Any], head
     raise AssertionError("unreachable: the second attempt always returns")
 
 
-async def _context_budget(svc: CaptureServices, call: Call, body: dict[str, Any], headers: dict[str, str],
+async def _context_budget(svc: CaptureServices, call: Call, body: dict[str, Any], headers: Mapping[str, str | bytes],
                           content: bytes) -> int | None:
     """A max_tokens the engine can serve after it refused ``body`` for its context window; None: none can."""
     refusal_ = context_refusal(engine_message(content))

@@ -31,9 +31,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 from starlette.responses import Response
@@ -106,7 +106,8 @@ async def handle_generation(svc: CaptureServices, request: Request, rollout_id: 
         return adapter.error(500, f"capture failed: {exc!r}", "capture_error")
 
 
-async def _supply_prefix(svc: CaptureServices, call: Call, headers: dict[str, str], deadlines: Deadlines) -> None:
+async def _supply_prefix(svc: CaptureServices, call: Call, headers: Mapping[str, str | bytes],
+                         deadlines: Deadlines) -> None:
     """Put the exact prompt ids on ``call`` when they can be built in time; otherwise it is sent as rendered."""
     why = prefix_supply.ineligible(call.body)
     if not why:
@@ -127,14 +128,15 @@ async def _supply_prefix(svc: CaptureServices, call: Call, headers: dict[str, st
                 raise failed
             why = f"render failed: {failed}"
         else:
-            result = prefix_supply.splice(parent.cum_tokens.tolist(), *rendered)
+            ids = cast("list[list[int]]", rendered)  # none failed
+            result = prefix_supply.splice(parent.cum_tokens.tolist(), *ids)
             call.supplied_prefix, why = result.ids, result.reason
     if why:
         log.info("prompt ids not supplied for call %s: %s", call.ctx.model_call_id, why)
 
 
 async def _complete(svc: CaptureServices, call: Call, adapter: DialectAdapter, parsed: Any,
-                    upstream_body: dict[str, Any], headers: dict[str, str], deadlines: Deadlines,
+                    upstream_body: dict[str, Any], headers: Mapping[str, str | bytes], deadlines: Deadlines,
                     receive: Any) -> Response:
     upstream_body["stream"] = False
     sent = time.perf_counter()
@@ -188,7 +190,7 @@ def _answer_json(content: bytes) -> dict[str, Any] | EngineFailure:
     return data
 
 
-async def _continued(svc: CaptureServices, call: Call, body: dict[str, Any], headers: dict[str, str],
+async def _continued(svc: CaptureServices, call: Call, body: dict[str, Any], headers: Mapping[str, str | bytes],
                      deadlines: Deadlines, data: dict[str, Any]) -> dict[str, Any] | EngineFailure:
     """``data``, or, while the engine aborted it, the answer joined with its continuation
     (``producers.engine.continuation``); a part that cannot be continued is returned as it is (aborted)."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -123,7 +123,8 @@ class ClientStream(StreamingResponse):
 
 
 async def stream_call(svc: CaptureServices, call: Call, adapter: DialectAdapter, parsed: Any,
-                      upstream_body: dict[str, Any], headers: dict[str, str], deadlines: Deadlines) -> Response:
+                      upstream_body: dict[str, Any], headers: Mapping[str, str | bytes],
+                      deadlines: Deadlines) -> Response:
     """Dispatch the streamed call; the answer streams what the pump queues (module docstring)."""
     upstream_body["stream"] = True
     if adapter.spec.stream_usage:  # the translated terminal events report usage
@@ -143,7 +144,7 @@ class _Engine:
 
     __slots__ = ("response", "body", "headers")
 
-    def __init__(self, response: Any, body: dict[str, Any], headers: dict[str, str]) -> None:
+    def __init__(self, response: Any, body: dict[str, Any], headers: Mapping[str, str | bytes]) -> None:
         self.response, self.body, self.headers = response, body, headers
 
     async def aclose(self) -> None:

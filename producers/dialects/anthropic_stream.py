@@ -93,7 +93,7 @@ class StreamTranslator:
     def _start(self) -> list[Event]:
         self.started = True
         input_tokens, _ = self.reader.usage()
-        message = {
+        message: dict[str, Any] = {
             "id": self.response_id, "type": "message", "role": "assistant", "model": self.model,
             "content": [], "stop_reason": None, "stop_sequence": None,
             "usage": usage(input_tokens, 0),

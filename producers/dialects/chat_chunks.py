@@ -66,10 +66,10 @@ def read_chunk(chunk: Any) -> ChatChunk:
     model = chunk.get("model")
     created = chunk.get("created")
     usage = chunk.get("usage")
-    top = dict(model=model if isinstance(model, str) and model else None,
-               created=created if isinstance(created, int) else None,
-               usage=usage if isinstance(usage, dict) and usage else None,
-               prompt_token_ids=_ids(chunk.get("prompt_token_ids"), "prompt_token_ids"))
+    top: dict[str, Any] = dict(model=model if isinstance(model, str) and model else None,
+                               created=created if isinstance(created, int) else None,
+                               usage=usage if isinstance(usage, dict) and usage else None,
+                               prompt_token_ids=_ids(chunk.get("prompt_token_ids"), "prompt_token_ids"))
     choices = chunk.get("choices") or []
     if not isinstance(choices, list) or len(choices) > 1 or any(
             not isinstance(c, dict) or c.get("index", 0) != 0 for c in choices):

@@ -172,7 +172,9 @@ def read_chat_response(chat: dict) -> ChatOutput:
             raise DialectError(f"upstream tool call {function['name']!r} has non-string arguments")
         calls.append((str(call["id"]), function["name"], arguments))
     content = message.get("content")
-    usage = chat.get("usage") if isinstance(chat.get("usage"), dict) else {}
+    usage = chat.get("usage")
+    if not isinstance(usage, dict):
+        usage = {}
     prompt = usage.get("prompt_tokens")
     completion = usage.get("completion_tokens")
     if not isinstance(prompt, int):

@@ -95,8 +95,12 @@ def response_object(request: dict, *, response_id: str, model: str, created_at: 
                     output: list[dict], usage: dict | None = None,
                     incomplete_reason: str | None = None) -> dict:
     """The full ``Response`` envelope around ``output``, echoing the request's settings."""
-    reasoning = request.get("reasoning") if isinstance(request.get("reasoning"), dict) else {}
-    text = request.get("text") if isinstance(request.get("text"), dict) else {}
+    reasoning = request.get("reasoning")
+    if not isinstance(reasoning, dict):
+        reasoning = {}
+    text = request.get("text")
+    if not isinstance(text, dict):
+        text = {}
     return {
         "id": response_id,
         "object": "response",
@@ -183,7 +187,8 @@ def namespace_map(tools: Any) -> dict[str, str]:
     for tool in tools if isinstance(tools, list) else []:
         if not isinstance(tool, dict) or tool.get("type") != "namespace" or not isinstance(tool.get("name"), str):
             continue
-        for inner in tool.get("tools") if isinstance(tool.get("tools"), list) else []:
+        inner_tools = tool.get("tools")
+        for inner in inner_tools if isinstance(inner_tools, list) else []:
             if isinstance(inner, dict) and inner.get("type") == "function" and isinstance(inner.get("name"), str):
                 found[inner["name"]] = tool["name"]
     return found

@@ -143,6 +143,7 @@ class StreamTranslator:
             item = message_item(open_["id"], None, status="in_progress")
             part = {"type": "output_text", "text": "", "annotations": []}
         else:
+            assert tool is not None  # a function call opens with its (tool, call id, name)
             open_["tool"], open_["call_id"], open_["name"] = tool
             item = function_call_item(open_["id"], open_["call_id"], open_["name"], "", status="in_progress",
                                       namespace=self.namespaces.get(open_["name"]))

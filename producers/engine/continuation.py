@@ -35,6 +35,7 @@ def part_of(data: dict[str, Any]) -> tuple[list[int], list[int], dict[str, Any]]
     generated = choice.get("token_ids") if choice is not None else None
     if not isinstance(prompt, list) or not isinstance(generated, list):
         return None
+    assert choice is not None  # the generated ids are the choice's
     return prompt, generated, choice
 
 
@@ -86,11 +87,12 @@ def join_weight_versions(first: Any, second: Any, offset: int) -> Any:
 def join_answers(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
     """One chat-completions answer of two parts: the first's prompt, both generations, the second's finish."""
     c1, c2 = first["choices"][0], second["choices"][0]
-    m1, m2 = c1.get("message") or {}, c2.get("message") or {}
+    m1: dict[str, Any] = c1.get("message") or {}
+    m2: dict[str, Any] = c2.get("message") or {}
     generated = len(c1.get("token_ids") or [])
     message = dict(m2)
     for key in ("content", "reasoning", "reasoning_content"):
-        parts = [m.get(key) for m in (m1, m2) if m.get(key)]
+        parts = [m[key] for m in (m1, m2) if m.get(key)]
         if parts or key in m2:
             message[key] = "".join(parts) or None
     choice = dict(c2)

@@ -61,6 +61,7 @@ def extract_chat_tokens(response: dict[str, Any]) -> EngineTokens | None:
     if not all(present.values()):
         missing = sorted(k for k, v in present.items() if not v)
         raise PartialTokenMetadata(f"engine response lacks {', '.join(missing)} (has the others)")
+    assert content is not None and generation is not None  # present, all of them
     if len(content) != len(generation):
         raise PartialTokenMetadata(
             f"engine returned {len(content)} log-probs for {len(generation)} generated tokens"

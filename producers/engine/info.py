@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,14 +108,14 @@ class EngineCatalog:
         self._attempt: asyncio.Future[EngineInfo | None] | None = None
         self._logged: set[tuple[Any, Any]] = set()
 
-    async def get(self, client: httpx.AsyncClient, headers: dict[str, str]) -> EngineInfo | None:
+    async def get(self, client: httpx.AsyncClient, headers: Mapping[str, str | bytes]) -> EngineInfo | None:
         if self.info is not None:
             return self.info
         if self._attempt is None:
             self._attempt = asyncio.ensure_future(self._discover(client, headers))
         return await asyncio.shield(self._attempt)
 
-    async def _discover(self, client: httpx.AsyncClient, headers: dict[str, str]) -> EngineInfo | None:
+    async def _discover(self, client: httpx.AsyncClient, headers: Mapping[str, str | bytes]) -> EngineInfo | None:
         try:
             self.info = parse_models(await get_json(client, MODELS_PATH, headers))
             log.info("engine serves %s", ", ".join(f"{m.id} (max_model_len {m.max_model_len})"
@@ -193,20 +194,22 @@ def engine_message(content: bytes) -> str:
 
 # -- side calls ------------------------------------------------------------------------------
 
-async def get_json(client: httpx.AsyncClient, path: str, headers: dict[str, str]) -> Any:
+async def get_json(client: httpx.AsyncClient, path: str, headers: Mapping[str, str | bytes]) -> Any:
     return await _call(client, "GET", path, headers, None)
 
 
-async def post_json(client: httpx.AsyncClient, path: str, headers: dict[str, str], body: dict[str, Any]) -> Any:
+async def post_json(client: httpx.AsyncClient, path: str, headers: Mapping[str, str | bytes],
+                    body: dict[str, Any]) -> Any:
     return await _call(client, "POST", path, headers, body)
 
 
-async def _call(client: httpx.AsyncClient, method: str, path: str, headers: dict[str, str],
+async def _call(client: httpx.AsyncClient, method: str, path: str, headers: Mapping[str, str | bytes],
                 body: dict[str, Any] | None) -> Any:
     headers = {**headers, "content-type": "application/json"}
     content = None if body is None else orjson.dumps(body)
     try:
-        request = client.build_request(method, path, headers=headers, content=content)
+        # httpx takes str and bytes header values mixed (each is normalized); its type hint says one or the other.
+        request = client.build_request(method, path, headers=headers, content=content)  # type: ignore[arg-type]
         response = await client.send(request, stream=True)
     except Exception as exc:  # in-process upstreams raise anything (KeyError, ...), not only httpx errors
         raise EngineCallError(f"{method} {path}: engine unreachable ({exc!r})") from exc
@@ -232,7 +235,8 @@ async def _call(client: httpx.AsyncClient, method: str, path: str, headers: dict
         raise EngineCallError(f"{method} {path}: invalid JSON ({exc})", response.status_code) from exc
 
 
-async def prompt_tokens(client: httpx.AsyncClient, headers: dict[str, str], chat_body: dict[str, Any]) -> int:
+async def prompt_tokens(client: httpx.AsyncClient, headers: Mapping[str, str | bytes],
+                        chat_body: dict[str, Any]) -> int:
     """How many tokens the engine renders ``chat_body``'s messages to (vLLM's POST /tokenize)."""
     body = {k: chat_body[k] for k in ("model", "messages", "tools", "chat_template_kwargs", "add_generation_prompt",
                                       "continue_final_message") if chat_body.get(k) is not None}
@@ -243,7 +247,8 @@ async def prompt_tokens(client: httpx.AsyncClient, headers: dict[str, str], chat
     return count
 
 
-async def render_ids(client: httpx.AsyncClient, headers: dict[str, str], chat_body: dict[str, Any]) -> list[int]:
+async def render_ids(client: httpx.AsyncClient, headers: Mapping[str, str | bytes],
+                     chat_body: dict[str, Any]) -> list[int]:
     """The prompt ids the engine renders ``chat_body`` to (vLLM's POST /v1/chat/completions/render)."""
     data = await post_json(client, RENDER_PATH, headers, chat_body)
     ids = data.get("token_ids") if isinstance(data, dict) else None
@@ -260,7 +265,7 @@ _PROBE_FIX = ("serve with vLLM >= 0.32 (it has POST /v1/chat/completions/render 
               "TOKENTRAIL_PREFIX_SUPPLY=0)")
 
 
-async def probe_prefix_supply(client: httpx.AsyncClient, headers: dict[str, str], model: str | None) -> None:
+async def probe_prefix_supply(client: httpx.AsyncClient, headers: Mapping[str, str | bytes], model: str | None) -> None:
     """ConfigError unless the engine renders chat requests and generates from supplied prompt ids.
 
     One render and one ``max_tokens=1`` generation: the generation's ``prompt_token_ids`` must

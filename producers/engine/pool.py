@@ -63,7 +63,9 @@ def linear_pool(client: httpx.AsyncClient) -> httpx.AsyncClient:
     for transport in (client._transport, *client._mounts.values()):
         pool = getattr(transport, "_pool", None)
         if isinstance(pool, httpcore.AsyncConnectionPool):
-            pool._assign_requests_to_connections = types.MethodType(_assign_requests_to_connections, pool)
+            # Rebinding the method is the point (the module docstring).
+            pool._assign_requests_to_connections = types.MethodType(  # type: ignore[method-assign]
+                _assign_requests_to_connections, pool)
             if not isinstance(pool._network_backend, _SocketKeepingBackend):
                 pool._network_backend = _SocketKeepingBackend(pool._network_backend)
     return client

@@ -22,7 +22,7 @@ so that a refused request records nothing and forwards nothing:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from producers.capture.trace_facts import TRACE_HEADER, trace_problem
@@ -32,7 +32,7 @@ from schemas.rollout_tokens import token_matches
 __all__ = ["BodyTooLarge", "ClientGone", "declared_too_large", "presented_keys", "read_body", "replay",
            "rollout_refusal", "too_large_message", "trace_refusal"]
 
-Receive = Callable[[], Awaitable[dict[str, Any]]]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]  # ASGI's (starlette.types.Receive)
 
 _LIMIT_HOW = "setting max_body_bytes: --max-body-bytes or TOKENTRAIL_MAX_BODY_BYTES"
 
@@ -132,7 +132,7 @@ def replay(body: bytes, receive: Receive) -> Receive:
     """A receive that hands out ``body`` once, then defers to ``receive`` (so a disconnect is still seen)."""
     sent = False
 
-    async def replayed() -> dict[str, Any]:
+    async def replayed() -> MutableMapping[str, Any]:
         nonlocal sent
         if not sent:
             sent = True

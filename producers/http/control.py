@@ -32,7 +32,8 @@ POLICY_VERSION_PATH = "/tokentrail/admin/policy-version"
 MAX_POLICY_VERSION_CHARS = 256  # a label (a step, a checkpoint name), never a payload
 
 
-async def handle_control(svc: CaptureServices, request: Request, path: str, raw_path: bytes | None) -> Response:
+async def handle_control(svc: CaptureServices, request: Request, path: str,
+                         raw_path: bytes | bytearray | None) -> Response:
     """Answer a request on a control path (``producers.http.routing.is_control``)."""
     if not _authorized(svc, request):
         return error_response(401, "control routes need 'Authorization: Bearer <token>' matching "

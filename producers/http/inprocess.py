@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Message
 
 from schemas.errors import TokentrailError
 
@@ -74,10 +74,10 @@ class StreamingASGITransport(httpx.AsyncBaseTransport):
             await disconnected.wait()
             return {"type": "http.disconnect"}
 
-        start: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        start: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         chunks: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: Message) -> None:
             if message["type"] == "http.response.start" and not start.done():
                 start.set_result(message)
             elif message["type"] == "http.response.body":

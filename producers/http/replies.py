@@ -91,7 +91,9 @@ async def forward(client: httpx.AsyncClient, request: Request, api_path: str, he
     """
     try:
         url = httpx.URL(path=api_path, query=bytes(request.scope.get("query_string") or b""))
-        upstream_request = client.build_request(request.method, url, headers=headers, content=request.stream())
+        # httpx takes str and bytes header values mixed (each is normalized); its type hint says one or the other.
+        upstream_request = client.build_request(request.method, url, headers=headers,  # type: ignore[arg-type]
+                                                content=request.stream())
     except httpx.InvalidURL as exc:  # e.g. a path starting with "//", or with a control character
         return shape(400, path_problem(api_path) or f"invalid request path {api_path!r}: {exc}",
                      "invalid_request_error")

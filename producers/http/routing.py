@@ -47,13 +47,13 @@ class Route:
 CONTROL_PREFIXES = ("/rollouts/", "/tokentrail/admin/")
 
 
-def scope_paths(scope: Any) -> tuple[str, bytes | None]:
+def scope_paths(scope: Any) -> tuple[str, bytes | bytearray | None]:
     """The request's (percent-decoded) path and its raw path, as the server gave them (never re-parsed)."""
     raw = scope.get("raw_path")
     return scope.get("path") or "/", raw if isinstance(raw, (bytes, bytearray)) else None
 
 
-def raw_segments(raw_path: bytes | None) -> list[str] | None:
+def raw_segments(raw_path: bytes | bytearray | None) -> list[str] | None:
     """The raw path's segments, each percent-decoded (an encoded ``/`` stays inside its segment)."""
     if raw_path is None:
         return None
@@ -61,7 +61,7 @@ def raw_segments(raw_path: bytes | None) -> list[str] | None:
     return [unquote(segment) for segment in raw.split("/")[1:]]
 
 
-def check_raw_rollout_id(rollout_id: str, raw_path: bytes | None, index: int) -> None:
+def check_raw_rollout_id(rollout_id: str, raw_path: bytes | bytearray | None, index: int) -> None:
     """ContractError unless segment ``index`` of the raw path decodes to exactly ``rollout_id``."""
     segments = raw_segments(raw_path)
     if segments is None:
@@ -74,7 +74,7 @@ def check_raw_rollout_id(rollout_id: str, raw_path: bytes | None, index: int) ->
                             "It is rejected, not rewritten: send the id unencoded.")
 
 
-def parse_route(path: str, raw_path: bytes | None = None) -> Route:
+def parse_route(path: str, raw_path: bytes | bytearray | None = None) -> Route:
     """Classify a request path; raises ContractError for an invalid rollout id.
 
     ``path`` is the ASGI (percent-decoded) path, ``raw_path`` the ASGI raw path when the server gave one.
@@ -95,7 +95,7 @@ def is_control(path: str) -> bool:
     return path.startswith(CONTROL_PREFIXES)
 
 
-def finish_rollout_id(path: str, raw_path: bytes | None = None) -> str | None:
+def finish_rollout_id(path: str, raw_path: bytes | bytearray | None = None) -> str | None:
     """The rollout id of ``/rollouts/<id>/finish`` (validated: ContractError naming the rule), or None.
 
     Read from the raw path's segments when there is one, so ``/rollouts/a%2Fb/finish`` names the
