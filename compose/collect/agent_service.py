@@ -36,7 +36,7 @@ import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import openai
 from starlette.applications import Starlette
@@ -45,6 +45,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from schemas.errors import ConfigError
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 __all__ = ["create_app", "main", "MODES", "SESSION_COOKIE"]
 
@@ -56,7 +59,7 @@ _SLOW_LIMIT_S = 600.0    # "slow" waits for the client to give up, but not forev
 
 @dataclass
 class _Session:
-    messages: list[dict[str, str]]          # the model's chat so far: one chain of calls
+    messages: list[ChatCompletionMessageParam]  # the model's chat so far: one chain of calls
     steps: int = 0
     pending: dict[str, str] = field(default_factory=dict)  # call_id -> tool name, awaiting results
     last_result: str = ""
@@ -167,6 +170,7 @@ def create_app(mode: str = "normal") -> Starlette:
             sessions[key] = session
             while len(sessions) > _MAX_SESSIONS:
                 sessions.popitem(last=False)
+        assert key is not None  # the session's: the cookie's, or the new one's
         sessions.move_to_end(key)
         answered = {i.get("call_id"): i for i in results if i.get("call_id") in session.pending}
         if session.pending.keys() - answered.keys():

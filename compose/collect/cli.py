@@ -16,8 +16,14 @@ import secrets
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from compose.collect.settings import HARNESSES
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from compose.collect.local import StackAddress
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -126,6 +132,7 @@ def _run(settings) -> int:
     resumed = journal.header.started_ms != fresh.started_ms
     print(f"run {journal.header.run_id}: {len(tasks)} tasks x {settings.samples} samples, harness {settings.harness}"
           f"{' (resumed)' if resumed else ''}; results {settings.out}", flush=True)
+    stack_cm: AbstractContextManager[StackAddress]
     if settings.local:
         stack_cm = local_stack(settings.out.with_name(settings.out.stem + ".local"), journal.header.run_id,
                                engine=settings.engine, harness=settings.harness, bootstrap=settings.bootstrap)

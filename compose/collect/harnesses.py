@@ -34,6 +34,8 @@ from compose.procs.headless import stop_group, tail
 from schemas.errors import ConfigError, TokentrailError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from compose.collect.settings import CollectSettings
     from compose.collect.tasks import Task
 
@@ -220,8 +222,10 @@ class OpenAISdkHarness(_SdkHarness):
         from compose.harnesses.sdk import run_rollout
 
         s, tools = self.settings, ToolSet.for_task(attempt.task, attempt.workdir)
+        model = s.harness_model
+        assert model is not None  # DEFAULT_MODELS names one for this harness
         o = await run_rollout(attempt.openai_base_url, attempt.rollout_id, attempt.task.prompt,
-                              tools=tools.chat_tools(), tool_impl=self._impl(tools), model=s.harness_model,
+                              tools=tools.chat_tools(), tool_impl=self._impl(tools), model=model,
                               max_turns=s.max_steps, system=s.system_prompt or DEFAULT_SYSTEM,
                               api_key=attempt.api_key, timeout=s.call_timeout_s)
         return self._outcome(o)
@@ -234,9 +238,11 @@ class AnthropicSdkHarness(_SdkHarness):
         from compose.harnesses.sdk import run_anthropic_rollout
 
         s, tools = self.settings, ToolSet.for_task(attempt.task, attempt.workdir)
+        model = s.harness_model
+        assert model is not None  # DEFAULT_MODELS names one for this harness
         o = await run_anthropic_rollout(attempt.capture_root, attempt.rollout_id, attempt.task.prompt,
                                         tools=tools.anthropic_tools(), tool_impl=self._impl(tools),
-                                        model=s.harness_model, max_turns=s.max_steps,
+                                        model=model, max_turns=s.max_steps,
                                         system=s.system_prompt or DEFAULT_SYSTEM, api_key=attempt.api_key,
                                         timeout=s.call_timeout_s)
         return self._outcome(o)
@@ -260,8 +266,9 @@ class RemoteHarness(_SdkHarness):
                            model_base_url=attempt.openai_base_url, model_api_key=attempt.api_key)
 
 
-_HARNESSES = {"claude-code": ClaudeCodeHarness, "codex": CodexHarness, "openai-sdk": OpenAISdkHarness,
-              "anthropic-sdk": AnthropicSdkHarness, "remote": RemoteHarness}
+_HARNESSES: dict[str, Callable[[CollectSettings], Harness]] = {
+    "claude-code": ClaudeCodeHarness, "codex": CodexHarness, "openai-sdk": OpenAISdkHarness,
+    "anthropic-sdk": AnthropicSdkHarness, "remote": RemoteHarness}
 
 
 def make_harness(settings: CollectSettings) -> Harness:

@@ -20,9 +20,13 @@ import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from compose.rig.stack import LocalStack, capture_root, harness_api_key
 from schemas.kafka.topics import TopicNames, topic_names
+
+if TYPE_CHECKING:
+    from compose.engines.vllm_rig.engine import VllmEngine
 
 __all__ = ["StackAddress", "local_stack", "remote_stack"]
 
@@ -63,7 +67,7 @@ def local_stack(root: Path, run_id: str, *, engine: str, harness: str, bootstrap
     if not secret_file.exists():
         secret_file.write_text(secrets.token_hex(24))
     secret = secret_file.read_text().strip()
-    engine_cm = contextlib.nullcontext(None)
+    engine_cm: contextlib.AbstractContextManager[VllmEngine | None] = contextlib.nullcontext(None)
     if engine == "vllm":
         from compose.engines.vllm_rig.engine import VllmEngine
 

@@ -85,12 +85,14 @@ class RebuiltRecords:
                 continue
             if msg is None:
                 continue
-            if msg.error() is not None:
-                if msg.error().code() != confluent_kafka.KafkaError._PARTITION_EOF:
-                    log.warning("reading %s: %s", self.topic, msg.error())
+            error = msg.error()
+            if error is not None:
+                if error.code() != confluent_kafka.KafkaError._PARTITION_EOF:
+                    log.warning("reading %s: %s", self.topic, error)
                 continue
+            value: Any = msg.value()  # a tombstone (None) is refused by the codec like any undecodable value
             try:
-                record = to_json_dict(decode_rebuilt(msg.value()))
+                record = to_json_dict(decode_rebuilt(value))
             except (TokentrailError, ValueError) as exc:
                 self.undecodable += 1
                 log.warning("%s[%d]@%d: undecodable rebuilt record skipped: %s", self.topic, msg.partition(),

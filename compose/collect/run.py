@@ -110,7 +110,7 @@ class Collector:
         self.records = records
         self.written = 0
         self.stopping = False
-        self._bar = None
+        self._bar: Any = None  # the tqdm bar while running (tqdm ships no types)
         self._totals: tuple[int, float, int, int] = (0, 0.0, 0, 0)  # rows, reward sum, masked, failed
 
     # -- the run -------------------------------------------------------------------------
@@ -186,10 +186,10 @@ class Collector:
             n = len(self.journal.attempts(job.key))
             if n >= self.s.max_attempts:
                 last = self.journal.attempts(job.key)[-1]
-                failure = Failure(FailureClass(last.failure["failure_class"]), last.failure["detail"]) \
+                final = Failure(FailureClass(last.failure["failure_class"]), last.failure["detail"]) \
                     if last.failure else Failure(FailureClass.HARNESS_CRASH, "the attempt was cut short (the "
                                                  "collector stopped) and no attempts are left")
-                self._row(failure_row(failure, attempts=n, **self._ids(job, last, 0.0)))
+                self._row(failure_row(final, attempts=n, **self._ids(job, last, 0.0)))
                 return
             rid = rollout_ids(self.run_id, job.task.id, job.sample, n, declared=job.task.rollout_id,
                               samples=self.s.samples)
@@ -246,6 +246,7 @@ class Collector:
 
     async def _deliver(self, job: _Job, entry: AttemptEntry, t0: float) -> None:
         payload = entry.finish or {}
+        assert self.finisher is not None  # run() sets it
         try:
             await self.finisher.finish(entry.rollout_id, payload)
         except TokentrailError as exc:

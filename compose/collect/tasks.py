@@ -107,7 +107,8 @@ def load_tasks(path: str | Path) -> list[Task]:
     except (OSError, UnicodeDecodeError) as exc:
         raise TaskError(f"{path}: cannot read the task file ({exc}). Fix: pass a readable UTF-8 JSONL file") from exc
     tasks: list[Task] = []
-    ids, rollout_ids = {}, {}  # value -> the line it was first seen on
+    ids: dict[str | None, int] = {}  # value -> the line it was first seen on
+    rollout_ids: dict[str | None, int] = {}
     # Split on "\n" only: str.splitlines would also split on U+2028 etc., which JSON strings may hold raw.
     for number, raw in enumerate(text.split("\n"), start=1):
         if not raw.strip():
@@ -205,7 +206,7 @@ def _files(loc: str, value: object) -> dict[str, str]:
 
 
 def _spec(loc: str, verifier: object, choices: object, answer: object) -> VerifierSpec:
-    given: dict[str, Any] = {} if verifier is None else {"kind": verifier} if isinstance(verifier, str) else verifier
+    given: Any = {} if verifier is None else {"kind": verifier} if isinstance(verifier, str) else verifier
     unknown = sorted(set(given) - set(_SPEC_KEYS)) if isinstance(given, dict) else None
     if unknown is None or unknown:
         raise _fail(loc, "verifier", verifier, f"has unknown key(s) {', '.join(map(repr, unknown))}" if unknown

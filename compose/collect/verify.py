@@ -33,7 +33,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, cast
 
 from compose.collect.tasks import TARGET_RULE, Task, shown
 from schemas.errors import ConfigError, TokentrailError
@@ -110,7 +110,8 @@ def extract_answer(text: str, *, choices: int = 0) -> tuple[str | None, str | No
 def verify(task: Task, final_text: str | None, *, custom: Callable | None = None) -> Verdict:
     """The verdict on ``final_text`` for ``task``; only a custom verifier's misbehaviour raises (VerifierError)."""
     spec = task.verifier
-    name = spec.target if spec.kind == "custom" else spec.kind
+    # A custom spec names its target (load_tasks refuses one without).
+    name = cast(str, spec.target) if spec.kind == "custom" else spec.kind
     if not isinstance(final_text, str) or not final_text.strip():
         return Verdict(0.0, False, None, None, name, "no final text")
     if spec.kind == "custom":
@@ -164,8 +165,10 @@ def check_verifiers(tasks: Iterable[Task]) -> dict[str, Callable]:
     """Every distinct custom target of ``tasks``, loaded once; ConfigError names the first task using a bad one."""
     loaded: dict[str, Callable] = {}
     for task in tasks:
-        target = task.verifier.target
-        if task.verifier.kind != "custom" or target in loaded:
+        if task.verifier.kind != "custom":
+            continue
+        target = cast(str, task.verifier.target)  # a custom spec names its target (load_verifier checks it)
+        if target in loaded:
             continue
         try:
             loaded[target] = load_verifier(target)
@@ -246,7 +249,8 @@ def _answer_value(answer: object) -> Fraction | None:
     try:
         if isinstance(answer, float):
             return Fraction(repr(answer))  # the decimal the task author wrote, not the binary float
-        return Fraction(answer.strip() if isinstance(answer, str) else answer)
+        value: Any = answer.strip() if isinstance(answer, str) else answer  # Fraction refuses what it cannot read
+        return Fraction(value)
     except (TypeError, ValueError, OverflowError):
         return None
 

@@ -8,13 +8,13 @@ It knows nothing about token ids; it only gets a per-rollout base URL.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import openai
 
-WEATHER_TOOL = {
+WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -76,7 +76,7 @@ async def run_rollout(  # OpenAI chat completions
     rollout_id: str,
     task: str,
     *,
-    tools: list[dict[str, Any]] = (WEATHER_TOOL,),  # type: ignore[assignment]
+    tools: Sequence[dict[str, Any]] = (WEATHER_TOOL,),
     tool_impl: ToolImpl = weather_tool,
     tool_calls: int = 2,
     model: str = "tokentrail-policy",
@@ -99,11 +99,13 @@ async def run_rollout(  # OpenAI chat completions
     outcome = Outcome(rollout_id, messages=messages)
     try:
         for _ in range(max_turns):
+            # Plain JSON dicts, as a harness sends them (the SDK's TypedDicts describe the same shapes).
+            params: dict[str, Any] = dict(model=model, messages=messages, tools=list(tools))
             if stream:
-                async with client.chat.completions.stream(model=model, messages=messages, tools=list(tools)) as s:
+                async with client.chat.completions.stream(**params) as s:
                     response = await s.get_final_completion()
             else:
-                response = await client.chat.completions.create(model=model, messages=messages, tools=list(tools))
+                response = await client.chat.completions.create(**params)
             outcome.calls += 1
             outcome.response_ids.append(response.id)
             message = response.choices[0].message
@@ -148,7 +150,8 @@ async def run_anthropic_rollout(
     outcome = Outcome(rollout_id, messages=messages)
     try:
         for _ in range(max_turns):
-            kwargs = dict(model=model, max_tokens=512, system=system_blocks, tools=offered, messages=messages)
+            kwargs: dict[str, Any] = dict(model=model, max_tokens=512, system=system_blocks, tools=offered,
+                                          messages=messages)
             if stream:
                 async with client.messages.stream(**kwargs) as s:
                     final = await s.get_final_message()
@@ -189,8 +192,9 @@ async def run_responses_rollout(
     outcome = Outcome(rollout_id, messages=items)
     try:
         for _ in range(max_turns):
-            kwargs = dict(model=model, instructions=f"You are a helpful agent. #tool-calls={tool_calls}",
-                          input=items, tools=[tool], store=False)
+            kwargs: dict[str, Any] = dict(model=model,
+                                          instructions=f"You are a helpful agent. #tool-calls={tool_calls}",
+                                          input=items, tools=[tool], store=False)
             if stream:
                 async with client.responses.stream(**kwargs) as s:
                     final = await s.get_final_response()

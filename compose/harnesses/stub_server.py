@@ -31,6 +31,7 @@ class ServedStub:
     def url(self) -> str:
         """``http://host:port`` of the bound socket."""
         host, port = self._server.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET address
         return f"http://{host}:{port}"
 
     def __enter__(self) -> Self:

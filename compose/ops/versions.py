@@ -98,7 +98,7 @@ def _show(args: argparse.Namespace, topic: str) -> int:
             print(f"{'*' if label == current else ' '} {step:>8}  {label}")
     if not args.json and current is None:
         print(f"(no version announced on {topic})")
-    if not args.json and current is not None:
+    if not args.json and book.current is not None:  # the current label's version
         at = datetime.datetime.fromtimestamp(book.current.announced_at, datetime.UTC).isoformat()
         print(f"current: {current} (step {book.current.step}, announced {at})")
     return 0

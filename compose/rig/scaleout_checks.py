@@ -69,6 +69,7 @@ def replayed(run: ScaleRun) -> dict[str, list[bytes]]:
         by_rollout: dict[str, list] = {}
         for partition in range(log.partitions()):
             for record in log.partition_events(partition):
+                assert record.key is not None  # the rig keys every event by its rollout
                 by_rollout.setdefault(record.key.decode(), []).append(record)
     finally:
         log.close()

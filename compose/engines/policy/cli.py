@@ -23,7 +23,7 @@ import argparse
 import importlib
 import socket
 import sys
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -114,13 +114,13 @@ def main(args: argparse.Namespace) -> int:
     url = f"http://{host}:{port}"
 
     class _Server(uvicorn.Server):
-        async def startup(self, sockets=None):  # type: ignore[override]
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             if not self.should_exit:
                 print(f"policy listening on {url}", flush=True)
 
     # Middleware may hold resources to release at shutdown (the capture's Kafka producer).
-    lifespan = "auto" if args.middleware else "off"
+    lifespan: Literal["auto", "off"] = "auto" if args.middleware else "off"
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False, lifespan=lifespan)
     _Server(config).run(sockets=[sock])
     return 0
@@ -149,7 +149,8 @@ def build_app(settings: PolicySettings, middleware: list[str]) -> Any:
 
     app = create_app(settings)
     for path in middleware:
-        app.add_middleware(_import_class(path))  # what vllm serve --middleware does
+        middleware_class: Any = _import_class(path)  # an ASGI middleware class, unchecked as vLLM takes it
+        app.add_middleware(middleware_class)  # what vllm serve --middleware does
     if middleware:
         app.middleware_stack = app.build_middleware_stack()  # Starlette would build it at the first event
         _raise_config_errors(app.middleware_stack)

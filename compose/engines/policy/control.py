@@ -36,6 +36,7 @@ def version_key(label: str | int) -> int:
     """The model-table version of a weight version label (see the module docstring)."""
     if isinstance(label, int) and not isinstance(label, bool):
         return label
+    assert isinstance(label, str)  # a bool is no label
     if label == DEFAULT_WEIGHT_VERSION:
         return 0
     if label.isascii() and label.isdigit() and int(label) < 2**31:

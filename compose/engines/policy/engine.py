@@ -228,10 +228,10 @@ class PolicyEngine:
         if wanted > top:
             return vllm_error(f"Requested sample logprobs of {wanted}, which is greater than max allowed: {top}",
                               "logprobs", wanted)
-        wanted = job.prompt_logprobs if job.prompt_logprobs != -1 else vocab
-        if wanted and wanted > top:
-            return vllm_error(f"Requested prompt logprobs of {wanted}, which is greater than max allowed: {top}",
-                              "prompt_logprobs", wanted)
+        prompt_wanted = job.prompt_logprobs if job.prompt_logprobs != -1 else vocab
+        if prompt_wanted and prompt_wanted > top:
+            return vllm_error(f"Requested prompt logprobs of {prompt_wanted}, which is greater than max allowed: "
+                              f"{top}", "prompt_logprobs", prompt_wanted)
         return None
 
     def generate(self, job: ChatJob, index: int = 0) -> Generation:

@@ -72,6 +72,7 @@ def scan_required(text: str) -> list[Span]:
 
     def end_value(pos: int) -> None:
         nonlocal expect
+        assert cur is not None  # called inside an element only
         if key == "parameters":
             cur.args_end = pos
         elif key == "name" and expect == "string":
@@ -83,6 +84,7 @@ def scan_required(text: str) -> list[Span]:
 
     def start_value(pos: int, state: str) -> None:
         nonlocal expect, value_start
+        assert cur is not None  # called inside an element only
         value_start = pos
         if key == "parameters":
             cur.args_start = pos

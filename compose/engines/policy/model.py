@@ -26,8 +26,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 _M32 = 0xFFFFFFFF
 _K_A, _K_B, _K_C, _K_V, _K_0 = 0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F, 0x165667B1
@@ -88,7 +92,7 @@ class PolicyModel:
     def rows_for(self, ids: Sequence[int], start: int, version: int) -> np.ndarray:
         """Rows of positions ``start .. len(ids)-1`` (vectorised ``row``; same integers)."""
         arr = np.asarray(ids, dtype=np.uint64)
-        padded = np.concatenate([np.full(3, self.pad, dtype=np.uint64), arr])
+        padded: npt.NDArray[np.uint64] = np.concatenate([np.full(3, self.pad, dtype=np.uint64), arr])
         n = len(arr)
         a = padded[start : n]
         b = padded[start + 1 : n + 1]

@@ -19,6 +19,7 @@ conversation that offers neither tool, so every other script is unchanged.
 from __future__ import annotations
 
 import json
+from collections.abc import Set
 from typing import Any
 
 from compose.engines.policy import template
@@ -30,7 +31,7 @@ CHILD_TASK = "Check the working directory with shell commands, then report."
 _NOTIFICATION = "<subagent_notification>"
 
 
-def decide(messages: list[Any], offered: set[str]) -> list[tuple[str, str]] | None:
+def decide(messages: list[Any], offered: Set[str | None]) -> list[tuple[str, str]] | None:
     """``[]`` (answer), ``[(wait_agent, arguments)]``, or None when no rule applies."""
     if SPAWN_TOOL not in offered and WAIT_TOOL not in offered:
         return None

@@ -110,7 +110,7 @@ def field(body: dict, name: str, kind: type, default: Any = None) -> Any:
     return default if value is None else coerce(name, value, kind)
 
 
-def _int_or_none(data: dict, name: str) -> int | None:
+def _int_or_none(data: dict, name: str) -> int | float | None:  # vLLM's validator reads the raw number
     value = data.get(name)
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise vllm_error(f"`{name}` must be an integer.", name, value)

@@ -58,7 +58,7 @@ class ClaudeCodeResult:
 
     def tool_results(self) -> list[dict[str, Any]]:
         """The ``tool_result`` blocks the CLI fed back to the model, as it reported them."""
-        out = []
+        out: list[dict[str, Any]] = []
         for event in self.events:
             if event.get("type") != "user":
                 continue

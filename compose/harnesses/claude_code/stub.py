@@ -39,7 +39,7 @@ for an Anthropic error response. Blocks may be ``text``, ``tool_use`` or ``think
 Responder = Callable[[dict[str, Any]], Reply]
 
 
-def _tool_names(body: dict[str, Any]) -> set[str]:
+def _tool_names(body: dict[str, Any]) -> set[str | None]:
     return {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
 
 

@@ -174,8 +174,9 @@ class RecordingResponsesStub(ServedStub):
             item.setdefault("status", "completed")
             output.append(item)
         prompt_chars = len(json.dumps(body.get("input")))
-        usage = {"input_tokens": prompt_chars // 4, "input_tokens_details": {"cached_tokens": 0},
-                 "output_tokens": 8 * max(1, len(output)), "output_tokens_details": {"reasoning_tokens": 0}}
+        usage: dict[str, Any] = {"input_tokens": prompt_chars // 4, "input_tokens_details": {"cached_tokens": 0},
+                                 "output_tokens": 8 * max(1, len(output)),
+                                 "output_tokens_details": {"reasoning_tokens": 0}}
         usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
         return {"id": f"resp_stub{n:04d}", "object": "response", "created_at": 0, "status": "completed",
                 "model": body.get("model"), "output": output, "usage": usage}

@@ -69,8 +69,8 @@ def default_libs_dir() -> Path:
 
 def kafka_version(libs_dir: Path | str) -> str | None:
     """The Kafka version of the ``kafka_2.13-<v>.jar`` in ``libs_dir``, or None."""
-    jars = sorted(Path(libs_dir).glob("kafka_2.13-*.jar")) if Path(libs_dir).is_dir() else []
-    jars = [j.name for j in jars if not j.name.endswith(("-test.jar", "-sources.jar"))]
+    paths = sorted(Path(libs_dir).glob("kafka_2.13-*.jar")) if Path(libs_dir).is_dir() else []
+    jars = [j.name for j in paths if not j.name.endswith(("-test.jar", "-sources.jar"))]
     return jars[-1][len("kafka_2.13-"):-len(".jar")] if jars else None
 
 
@@ -390,6 +390,7 @@ def stop_broker(state_dir: Path | str | None = None, *, timeout: float = STOP_TI
     info = _read_record(state)
     alive = info is not None and _is_broker_process(info.pid)
     if alive:
+        assert info is not None  # alive implies a record
         for sig, wait_s in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
             try:
                 os.kill(info.pid, sig)
@@ -446,10 +447,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.kafka_command == "fetch":
         print(ensure_jars(args.libs))
     elif args.kafka_command == "up":
-        info = start_broker(args.dir, partitions=args.partitions, heap=args.heap, libs_dir=args.libs)
-        how = "reusing" if info.reused else f"started in {info.startup_s:.1f} s:"
-        print(f"{how} Kafka {info.kafka_version} pid {info.pid}", file=sys.stderr)
-        print(info.bootstrap)  # last stdout line, so BOOTSTRAP=$(tokentrail kafka up) works
+        started = start_broker(args.dir, partitions=args.partitions, heap=args.heap, libs_dir=args.libs)
+        how = "reusing" if started.reused else f"started in {started.startup_s:.1f} s:"
+        print(f"{how} Kafka {started.kafka_version} pid {started.pid}", file=sys.stderr)
+        print(started.bootstrap)  # last stdout line, so BOOTSTRAP=$(tokentrail kafka up) works
     elif args.kafka_command == "down":
         print("stopped" if stop_broker(args.dir) else "not running")
     elif (info := broker_status(args.dir)) is None:

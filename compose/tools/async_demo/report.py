@@ -124,7 +124,9 @@ def sample_of(record: dict[str, Any], rewards: dict[str, float]) -> dict[str, An
     """What the trainer needs of one member: ids, loss mask, captured log-probs, a version per generated token."""
     rid = record["rollout_id"]
     traj = record.get("trajectory")
-    result = record.get("result") if isinstance(record.get("result"), dict) else {}
+    result = record.get("result")
+    if not isinstance(result, dict):
+        result = {}
     reward = rewards.get(rid, result.get("reward"))
     masked = bool(record["mask_sample"]) or traj is None or not isinstance(reward, (int, float))
     if traj is None:

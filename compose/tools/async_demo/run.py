@@ -32,12 +32,17 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 
 from compose.tools.async_demo.report import ASYNC_DEMO_DIR, DemoOptions, DemoResult, StepReport, rollout_row, sample_of
 from schemas.errors import TokentrailError
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
+
+    from compose.engines.vllm_rig.weights import PauseMode
 
 __all__ = ["configure", "main", "run_demo"]
 
@@ -255,8 +260,9 @@ class DemoLoop:
             try:
                 async with asyncio.timeout(self.opts.deadline_s) as deadline:
                     def failed(task: asyncio.Task[None]) -> None:  # a harness failure ends the wait at once
-                        if not task.cancelled() and task.exception() is not None:
-                            failures.append(task.exception())
+                        error = None if task.cancelled() else task.exception()
+                        if error is not None:
+                            failures.append(error)
                             with suppress(RuntimeError):  # the wait is already over
                                 deadline.reschedule(asyncio.get_running_loop().time())
 
@@ -308,7 +314,8 @@ class DemoLoop:
         trained = time.monotonic() - started
         vias: list[str] = []
         started = time.monotonic()
-        mechanism = push_weights(self.engine_url, out, label, pause_mode=self.opts.pause_mode,
+        pause_mode = cast("PauseMode", self.opts.pause_mode)  # DemoOptions' pattern admits only these
+        mechanism = push_weights(self.engine_url, out, label, pause_mode=pause_mode,
                                  announce=lambda lab: vias.append(self.announce(lab, step, MECHANISM)))
         pushed = time.monotonic() - started
         previous, self.weights = self.weights, out
@@ -344,14 +351,14 @@ class DemoLoop:
         full = f"{self.stack.processor_id}-{rid}"  # unique per run: the tag is in the processor id
         client = openai.AsyncOpenAI(base_url=self.stack.capture_base_url(full),
                                     api_key="not-needed", max_retries=0, timeout=120)
-        messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": task}]
         texts, response_id = [], None
         try:
             for follow_up in ("Go on.", None):
                 stream = await client.chat.completions.create(
                     model="tokentrail-tiny", messages=messages, max_tokens=self.opts.max_tokens, stream=True,
                     extra_body={"chat_template_kwargs": {"enable_thinking": False}})
-                parts = []
+                parts: list[str] = []
                 async for chunk in stream:
                     response_id = chunk.id
                     parts.extend(c.delta.content or "" for c in chunk.choices)

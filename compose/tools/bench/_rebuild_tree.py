@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from typing import Any
 
 VOCAB = 150_000
@@ -64,7 +65,7 @@ def synth_tree_snapshot(n_calls: int, n_tokens: int, subagents: int = 8, compact
         parent = None
         for j in range(size):
             is_summary = s < segments - 1 and j == size - 1
-            carried = summary if j == 0 and summary is not None else []
+            carried: Sequence[int] = summary if j == 0 and summary is not None else []
             agent = spawn_at.get(index)
             items = _agent_items(agent) if agent is not None else _TOOL_ITEMS
             parent = builder.call(parent, items, carried=carried, summary=is_summary,
@@ -107,8 +108,9 @@ def unique_tokens(snapshot: Any) -> int:
     return total
 
 
-_TOOL_ITEMS = [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]},
-               {"type": "function_call", "call_id": "t", "name": "tool", "arguments": "{}"}]
+_TOOL_ITEMS: list[dict[str, Any]] = [
+    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]},
+    {"type": "function_call", "call_id": "t", "name": "tool", "arguments": "{}"}]
 
 
 def _agent_prompt(k: int) -> str:
@@ -131,7 +133,8 @@ class _Builder:
     """Emits the calls in creation order, each call spending its share of the token budget."""
 
     def __init__(self, rollout_id: str, n_calls: int, n_tokens: int) -> None:
-        self.rollout_id, self.n_tokens, self.events, self.terminal_id = rollout_id, n_tokens, [], ""
+        self.rollout_id, self.n_tokens, self.terminal_id = rollout_id, n_tokens, ""
+        self.events: list[Any] = []
         self.per_call = max(2, n_tokens // n_calls)
         self.gen = max(1, self.per_call * 3 // 10)
         self.spent = 0
@@ -141,8 +144,8 @@ class _Builder:
     def tokens(self, n: int) -> list[int]:
         return [self.rng.randrange(VOCAB) for _ in range(max(0, n))]
 
-    def call(self, parent: Any, items: list[dict], *, carried: list[int] = (), summary: bool = False,
-             last: bool = False, digests: list[str] = ()) -> Any:
+    def call(self, parent: Any, items: list[dict], *, carried: Sequence[int] = (), summary: bool = False,
+             last: bool = False, digests: Sequence[str] = ()) -> Any:
         from schemas.hashing import compute_digest
         from schemas.records import CallCaptured, CallFacts, ParentResolution, RolloutEvent
 

@@ -66,7 +66,9 @@ def workload(args: argparse.Namespace) -> list[tuple[bytes, bytes]]:
         return [rng.randrange(150_000) for _ in range(n)]
 
     def rollout(rid: str) -> list[bytes]:
-        events, cum, parent = [], [], None
+        events: list[bytes] = []
+        cum: list[int] = []
+        parent: CallCaptured | None = None
         for turn in range(args.calls):
             new = ids(args.system_tokens if parent is None else rng.randint(*args.new_tokens))
             gen = ids(rng.randint(*args.gen_tokens))

@@ -204,9 +204,12 @@ def _warm_broker(bootstrap: str, n: int, tag: str, size: int = 6 << 10) -> list[
     topic, value, out = f"bench{tag}.warmup", b"x" * size, []
     for i in range(n):
         done: list = []
+
+        def delivered(err: object, msg: object, done: list[object] = done) -> None:
+            done.append(err)
+
         start = time.perf_counter()
-        producer.produce(topic, key=str(i % 64).encode(), value=value,
-                         on_delivery=lambda err, msg, done=done: done.append(err))
+        producer.produce(topic, key=str(i % 64).encode(), value=value, on_delivery=delivered)
         while not done:
             producer.poll(0.0005)
         if done[0] is not None:

@@ -132,7 +132,7 @@ def main(args: argparse.Namespace) -> int:
             blob = encode_snapshot(snapshot)
             decode_ms = _median_ms(lambda blob=blob: decode_snapshot(blob), args.repeat)
             out = rebuild(snapshot, compact)
-            if out.mask_sample or len(out.trajectory.token_ids) != n_tokens:
+            if out.mask_sample or out.trajectory is None or len(out.trajectory.token_ids) != n_tokens:
                 print(f"benchmark input is wrong: {out.mask_reasons}", file=sys.stderr)
                 return 1
             c_ms = _median_ms(lambda snapshot=snapshot: rebuild(snapshot, compact), args.repeat)
@@ -166,7 +166,8 @@ def _versions(n_calls: int, n_tokens: int, repeat: int, compact: Any, projected:
 
     plain, spanned = synth_snapshot(n_calls, n_tokens), synth_snapshot(n_calls, n_tokens, spans_per_call=2)
     out = rebuild(spanned, compact)
-    assert not out.mask_sample and sum(len(s.version_spans) for s in out.trajectory.spans) == 2 * n_calls
+    assert not out.mask_sample and out.trajectory is not None
+    assert sum(len(s.version_spans) for s in out.trajectory.spans) == 2 * n_calls
     figures = []
     for rules in (compact, projected):
         base = _median_ms(lambda rules=rules: rebuild(plain, rules), repeat)
@@ -234,20 +235,22 @@ def _load_gym(path: str):
     for name in ("nemo_gym", "nemo_gym.token_id_capture"):
         if name not in sys.modules:
             package = types.ModuleType(name)
-            package.__path__ = []  # type: ignore[attr-defined]
+            package.__path__ = []
             sys.modules[name] = package
 
     def load(name: str) -> Any:
         spec = importlib.util.spec_from_file_location(f"nemo_gym.token_id_capture.{name}", base / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-        sys.modules[spec.name] = module  # type: ignore[union-attr]
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        assert spec is not None and spec.loader is not None  # a .py file path always has both
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
         return module
 
     records, builder = load("records"), load("builder")
 
     def prepare(snapshot: Any):
-        entries, cumulative = [], {}
+        entries: list[Any] = []
+        cumulative: dict[str, list[int]] = {}
         for sc in snapshot.calls:
             call = sc.call
             base_ids = cumulative.get(call.parent_call_id, []) if call.prompt_is_delta else []

@@ -55,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
         broker_dir = run_dir / "kafka"
         bootstrap = start_broker(broker_dir).bootstrap
     try:
-        runs = {}
+        runs: dict[str, ScaleRun] = {}
         for label, topology, faults in (("one worker", ONE_WORKER, Chaos.none()), ("scaled", scaled, chaos)):
             run = ScaleRun(bootstrap, run_dir / label.replace(" ", "-"), topology, name=f"bso{len(runs)}")
             try:

@@ -126,8 +126,8 @@ async def _rollout(stack: LocalStack, control: httpx.AsyncClient, workload: Work
                 break
             for call in message.tool_calls:
                 await asyncio.sleep(workload.think_s)
-                result = weather_tool(call.function.name, json.loads(call.function.arguments or "{}"), len(messages))
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+                output = weather_tool(call.function.name, json.loads(call.function.arguments or "{}"), len(messages))
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
         else:
             run.failure = "no final answer"
     finally:
@@ -140,7 +140,7 @@ async def _rollout(stack: LocalStack, control: httpx.AsyncClient, workload: Work
 async def _call(client: openai.AsyncOpenAI, messages: list[dict[str, Any]], stream: bool, run: RolloutRun,
                 progress: Progress, deadline: float) -> Any | None:
     """One model call, retried while the fault lasts: its completion, or None after recording the failure."""
-    kwargs = dict(model="tokentrail-policy", messages=messages, tools=[WEATHER_TOOL])
+    kwargs: dict[str, Any] = dict(model="tokentrail-policy", messages=messages, tools=[WEATHER_TOOL])
     while True:
         try:
             if not stream:
