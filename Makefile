@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install jars claude-code codex vllm demo demo-async demo-collect why test test-unit test-integration fuzz chaos imports bench clean
+.PHONY: install jars claude-code codex vllm demo demo-async demo-collect why test test-unit test-integration fuzz chaos imports lint bench clean
 
 install: $(VENV)/.installed
 
@@ -98,6 +98,11 @@ chaos: install jars
 # too (tests/unit/test_architecture.py).
 imports: install
 	$(BIN)/lint-imports
+
+# ruff ([tool.ruff]) and mypy ([tool.mypy]) alone; `make test` runs both too (tests/unit/test_lint.py).
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy --cache-dir .mypy_cache schemas producers processors consumers compose
 
 clean:
 	-$(BIN)/tokentrail kafka down
