@@ -7,7 +7,7 @@ rollout sends depends only on its index (task text, K, streaming or not), and th
 engine is deterministic per prompt, so the same workload gives the same token ids in every
 run: a clean run is the baseline of a faulted one.
 
-What the driver does when a call fails (documented in the README, "Chaos under load"): what
+What the driver does when a call fails (documented in docs/contributing.md, "Chaos under load"): what
 any SDK harness does with its default retries, without a retry limit inside the run's deadline.
 
 - **retried**: a refused or broken connection (nothing answered, or a stream cut before its

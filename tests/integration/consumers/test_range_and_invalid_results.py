@@ -1,6 +1,6 @@
 """Hostile-probe regressions on a real broker.
 
-- ``tokentrail replay --summary --from 1d`` (the README's own form; also ``2h``, ``30m``) found
+- ``tokentrail replay --summary --from 1d`` (docs/diagnosing.md's own form; also ``2h``, ``30m``) found
   nothing: ``--lookback`` was parsed as a bound "ago" from ``now=0.0``, which the parser took as
   "no now", so the scan started a day (plus the lookback) in the *future*. Events written now are
   found with each relative ``--from``, and an ``--until`` in the past finds none.

@@ -148,7 +148,7 @@ def test_a_stream_across_a_weight_update_has_two_version_spans_at_the_right_toke
     write_safetensors(new / "model.safetensors", _perturbed(_weights(old)))
     with _stack(kafka_bootstrap, tmp_path_factory, engine, "--abort-policy", policy) as stack:
         rid = f"sync-{mode}-{uuid.uuid4().hex[:6]}"
-        text = _stream_across_a_sync(stack, engine, rid, mode, new)
+        _stream_across_a_sync(stack, engine, rid, mode, new)
         record = stack.wait_rollouts([rid], timeout=180)[rid]
     assert record["mask_sample"] is False, record["mask_reasons"]
     _assert_split_is_exact(engine.url, record, old, new)

@@ -86,10 +86,10 @@ class FoldWorker:
         os.killpg(self.proc.pid, signal.SIGTERM)
         try:
             return self.proc.wait(grace)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-            raise AssertionError(f"worker {self.name} ignored SIGTERM for {grace} s:\n{self.log_text()[-3000:]}")
+            raise AssertionError(f"worker {self.name} ignored SIGTERM for {grace} s:\n{self.log_text()[-3000:]}") from exc
 
 
 def publish(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:

@@ -51,9 +51,9 @@ def test_process_exits_4_naming_the_missing_topics_then_the_printed_command_fixe
     worker.start()
     try:
         rc = worker.proc.wait(60)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as exc:
         worker.kill9()
-        raise AssertionError(f"the worker kept running without its topics:\n{worker.log_text()[-3000:]}")
+        raise AssertionError(f"the worker kept running without its topics:\n{worker.log_text()[-3000:]}") from exc
     elapsed = time.monotonic() - start
     text = worker.log_text()
     assert rc == 4, text
