@@ -89,6 +89,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_collection_finish(session: pytest.Session) -> None:
     # The real-vLLM engines the selected tests need start now, in the background, on the core the
     # single-threaded tiers before them leave idle (tests/integration/warm_engines.py).
+    if session.config.option.collectonly:
+        return
     if any(item.get_closest_marker("vllm") is not None for item in session.items):
         from tests.integration.warm_engines import engines_needed, prewarm
 

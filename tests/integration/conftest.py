@@ -43,6 +43,14 @@ def vllm_random_engine() -> VllmEngine:
     return session_engine("vllm_random_engine")
 
 
+@pytest.fixture(scope="session")
+def vllm_middleware_engine(kafka_bootstrap) -> VllmEngine:
+    """Real vLLM on the crafted checkpoint with the interceptor inside it (``--middleware``), on the session's
+    broker, its settings ``warm_engines.MIDDLEWARE``."""
+    require_vllm()
+    return session_engine("vllm_middleware_engine", kafka_bootstrap)
+
+
 @pytest.fixture(scope="module", params=UPSTREAMS)
 def upstream(request) -> str | None:
     """None: spawn the reference server; else the URL of the running real engine."""

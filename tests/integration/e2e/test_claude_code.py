@@ -8,13 +8,13 @@ import uuid
 
 import pytest
 
-from compose.engines.vllm_rig.engine import VllmEngine
 from compose.rig.stack import LocalStack
-from tests.integration.engines import assert_one_token_exact_chain, require_vllm
+from tests.integration.engines import assert_one_token_exact_chain
+from tests.integration.warm_engines import MIDDLEWARE
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 # The interceptor requires rollout tokens (TOKENTRAIL_ROLLOUT_SECRET); each run sends its own as its API key.
-ROLLOUT_SECRET = "e2e-rollout-secret-0123456789abcdef"
+ROLLOUT_SECRET = MIDDLEWARE["TOKENTRAIL_ROLLOUT_SECRET"]
 
 
 @pytest.fixture(scope="module")
@@ -30,19 +30,15 @@ def cc_stack(kafka_bootstrap, tmp_path_factory, upstream):
 
 
 @pytest.fixture(scope="module")
-def in_engine_stack(kafka_bootstrap, tmp_path_factory):
+def in_engine_stack(kafka_bootstrap, tmp_path_factory, vllm_middleware_engine):
     """Real vLLM started with ``--middleware producers.middleware.TokentrailMiddleware``: no proxy in between."""
-    require_vllm()
-    tag = uuid.uuid4().hex[:8]
-    prefix, token = f"mw{tag}.", "tokentrail-demo-token"
-    env = {"TOKENTRAIL_BOOTSTRAP": kafka_bootstrap, "TOKENTRAIL_TOPIC_PREFIX": prefix,
-           "TOKENTRAIL_CONTROL_TOKEN": token, "TOKENTRAIL_ROLLOUT_SECRET": ROLLOUT_SECRET}
-    with VllmEngine(tmp_path_factory.mktemp("vllm-mw"), env=env,
-                    extra_args=("--middleware", "producers.middleware.TokentrailMiddleware")) as engine:
-        with LocalStack(kafka_bootstrap, tmp_path_factory.mktemp("mw"), topic_prefix=prefix, processor_id=f"mw{tag}",
-                        control_token=token, upstream_url=engine.url, interceptor_in_engine=True,
-                        rollout_secret=ROLLOUT_SECRET) as running:
-            yield running
+    engine = vllm_middleware_engine
+    prefix = MIDDLEWARE["TOKENTRAIL_TOPIC_PREFIX"]
+    with LocalStack(kafka_bootstrap, tmp_path_factory.mktemp("mw"), topic_prefix=prefix,
+                    processor_id=prefix.rstrip("."), control_token=MIDDLEWARE["TOKENTRAIL_CONTROL_TOKEN"],
+                    upstream_url=engine.url, interceptor_in_engine=True,
+                    rollout_secret=MIDDLEWARE["TOKENTRAIL_ROLLOUT_SECRET"]) as running:
+        yield running
 
 
 def _last_message_id(result) -> str | None:
