@@ -223,6 +223,21 @@ async def _context_budget(svc: CaptureServices, call: Call, body: dict[str, Any]
     return budget if 1 <= budget < sent else None
 
 
+async def settled(intent: asyncio.Task[bool]) -> bool:
+    """Whether the call's CallStarted intent is durable, once that is known (``CaptureCore.announce``).
+
+    The write itself is shielded: a caller cancelled meanwhile (the client left) leaves it to finish, so the
+    intent stays ahead of the call's later records; an unexpected failure to write it counts as not durable.
+    """
+    try:
+        return await asyncio.shield(intent)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("the intent of a call could not be written")
+        return False
+
+
 async def record_failure(svc: CaptureServices, call: Call, adapter: DialectAdapter, failure: EngineFailure) -> Response:
     """Record the failure's CallIncomplete, then the harness's answer: a 504, a 502, or the engine's own error."""
     ctx = call.ctx

@@ -1,12 +1,15 @@
 """``handle_generation``: the HTTP side of one captured call (``CaptureServices`` and a dialect adapter only).
 
 Before dispatch the request is fitted to the engine (``CaptureCore.begin``: a model it serves, a budget within
-``max_model_len``), its CallStarted intent is made durable (``CaptureCore.announce``: Kafka ack or the spool)
-and, with prefix supply, it is given its exact prompt ids (``producers.engine.prefix_supply``). The intent comes
-before the engine sees the request, so a rollout frozen while the call is in flight (the harness gave up on a
-stalled engine, or was still waiting) is incomplete (``intent_without_capture``) unless the call's capture
-arrived first: it is never delivered unmasked without it. An intent that cannot be made durable fails the
-call with a 503 and nothing is dispatched.
+``max_model_len``), its CallStarted intent is handed to the writer (``CaptureCore.announce``) and, with prefix
+supply, it is given its exact prompt ids (``producers.engine.prefix_supply``). The intent is produced before the
+engine sees the request, so it precedes every other record of the call on the partition, and a rollout frozen
+while the call is in flight (the harness gave up on a stalled engine, or was still waiting) is incomplete
+(``intent_without_capture``) unless the call's capture arrived first: it is never delivered unmasked without it.
+Its ack (Kafka's, or the fsynced spool) is awaited while the engine works, not before: the harness gets no byte
+of an answer (no response status, no chunk) until the intent is durable, and an intent that cannot be made
+durable fails the call with a 503 (the engine request is closed; nothing else is recorded). One durable ack,
+the capture's, stays on the critical path.
 
 Non-streaming: the engine's answer, awaited within ``engine_timeout_s`` (``producers.call.dispatch``), is
 judged, translated, made durable, then returned; a client that leaves while the engine works stops the call
@@ -38,7 +41,16 @@ from typing import TYPE_CHECKING, Any, cast
 import orjson
 from starlette.responses import Response
 
-from producers.call.dispatch import SERVED, Deadlines, EngineFailure, auth_of, record_failure, refusal, send_chat
+from producers.call.dispatch import (
+    SERVED,
+    Deadlines,
+    EngineFailure,
+    auth_of,
+    record_failure,
+    refusal,
+    send_chat,
+    settled,
+)
 from producers.call.stream import stream_call
 from producers.capture.core import Call, Outcome
 from producers.dialects.common import json_type
@@ -82,6 +94,7 @@ async def handle_generation(svc: CaptureServices, request: Request, rollout_id: 
     upstream_headers["content-type"] = "application/json"  # the body is ours; vLLM refuses any other type
     core = svc.core
     call: Call | None = None
+    intent: asyncio.Task[bool] | None = None
     try:
         try:  # a stalled engine may not even list its models: go on without, the call then times out
             async with asyncio.timeout(svc.settings.stream_idle_timeout_s):
@@ -89,18 +102,19 @@ async def handle_generation(svc: CaptureServices, request: Request, rollout_id: 
         except TimeoutError:
             engine = None
         call = core.begin(rollout_id, api_path, adapter.spec, parsed, body, headers, started, engine)
-        if not await core.announce(call):  # no durable intent: the engine must not see the call
-            return durability_error(adapter.error)
+        intent = await core.announce(call)  # produced now; durable before the harness sees anything
         deadlines = Deadlines.start(svc.settings)  # the engine's time starts with its first request
         if call.prefix_requested:
             await _supply_prefix(svc, call, upstream_headers, deadlines)
         upstream_body = core.upstream_body(call)
         if not parsed.stream:
             return await _complete(svc, call, adapter, parsed, upstream_body, upstream_headers, deadlines,
-                                   request.receive)
-        return await stream_call(svc, call, adapter, parsed, upstream_body, upstream_headers, deadlines)
+                                   request.receive, intent)
+        return await stream_call(svc, call, adapter, parsed, upstream_body, upstream_headers, deadlines, intent)
     except Exception as exc:  # never an unexplained 500: record what broke, then say so
         log.exception("capture of a call of rollout %s failed", rollout_id)
+        if intent is not None and not await settled(intent):
+            return durability_error(adapter.error)
         call_id = call.ctx.model_call_id if call is not None else None
         await core.incomplete(rollout_id, call_id, IncompleteReason.CAPTURE_EXCEPTION, api_path, None, repr(exc))
         return adapter.error(500, f"capture failed: {exc!r}", "capture_error")
@@ -137,7 +151,7 @@ async def _supply_prefix(svc: CaptureServices, call: Call, headers: Mapping[str,
 
 async def _complete(svc: CaptureServices, call: Call, adapter: DialectAdapter, parsed: Any,
                     upstream_body: dict[str, Any], headers: Mapping[str, str | bytes], deadlines: Deadlines,
-                    receive: Any) -> Response:
+                    receive: Any, intent: asyncio.Task[bool]) -> Response:
     upstream_body["stream"] = False
     sent = time.perf_counter()
     watch = ClientWatch(receive)
@@ -161,6 +175,8 @@ async def _complete(svc: CaptureServices, call: Call, adapter: DialectAdapter, p
         watch.stop()  # from here on a client that leaves keeps the capture (ClientWatch)
         if upstream is not None:
             await upstream.aclose()  # before any record: an abandoned or timed-out engine stops generating
+    if not await settled(intent):  # the engine worked meanwhile; without a durable intent nothing is served
+        return durability_error(adapter.error)
     if watch.left:
         return await _client_left(svc, call, adapter)
     if isinstance(got, EngineFailure):

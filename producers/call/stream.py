@@ -34,11 +34,21 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from producers.call.dispatch import SERVED, Deadlines, EngineFailure, StreamWatch, record_failure, refusal, send_chat
+from producers.call.dispatch import (
+    SERVED,
+    Deadlines,
+    EngineFailure,
+    StreamWatch,
+    record_failure,
+    refusal,
+    send_chat,
+    settled,
+)
 from producers.capture.core import Call
 from producers.capture.version_clock import VersionClock
 from producers.engine import continuation
 from producers.engine.chat_stream import ChatStreamAccumulator
+from producers.http.replies import durability_error
 from schemas.records import IncompleteReason
 
 if TYPE_CHECKING:
@@ -124,12 +134,20 @@ class ClientStream(StreamingResponse):
 
 async def stream_call(svc: CaptureServices, call: Call, adapter: DialectAdapter, parsed: Any,
                       upstream_body: dict[str, Any], headers: Mapping[str, str | bytes],
-                      deadlines: Deadlines) -> Response:
-    """Dispatch the streamed call; the answer streams what the pump queues (module docstring)."""
+                      deadlines: Deadlines, intent: asyncio.Task[bool]) -> Response:
+    """Dispatch the streamed call; the answer streams what the pump queues (module docstring).
+
+    The response (its status, then any chunk) starts only once the call's intent is durable: its ack is
+    awaited while the engine opens its stream; without it the stream is closed and the call is a 503.
+    """
     upstream_body["stream"] = True
     if adapter.spec.stream_usage:  # the translated terminal events report usage
         upstream_body["stream_options"] = {"include_usage": True}
     upstream = await send_chat(svc, call, upstream_body, headers, deadlines, stream=True)
+    if not await settled(intent):
+        if not isinstance(upstream, EngineFailure):
+            await upstream.aclose()  # the engine stops generating for a call nobody may see
+        return durability_error(adapter.error)
     if isinstance(upstream, EngineFailure):
         return await record_failure(svc, call, adapter, upstream)
     link = ClientLink()

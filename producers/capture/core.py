@@ -7,7 +7,9 @@ framework; ``producers.call.generation`` is the HTTP side of a call.
 Per call: ``begin`` hashes the request and resolves its parent once, before
 dispatch, and fits the request to the engine (the sampling pin, a model name
 the engine serves, an output budget within its ``max_model_len``); ``announce``
-makes the call's CallStarted intent durable before anything is dispatched;
+hands the call's CallStarted intent to the writer before anything is dispatched
+and resolves once it is durable (the engine works meanwhile; the harness gets no
+byte of an answer before it resolved True);
 ``upstream_body`` is what the engine gets (plus the fields capture needs and,
 opt-in, the exact prompt ids as ``kv_transfer_params.prompt_token_ids``);
 ``complete`` turns the engine's answer into durable evidence.
@@ -27,6 +29,7 @@ durable), NOT_DURABLE (nothing could be made durable: the call must fail with
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import time
@@ -155,8 +158,18 @@ class CaptureCore:
                                      and parent.cum_tokens is not None)
         return call
 
-    async def announce(self, call: Call) -> bool:
-        """Make the call's CallStarted intent durable (as a capture is); False: it was not, dispatch nothing."""
+    async def announce(self, call: Call) -> asyncio.Task[bool]:
+        """Hand the call's CallStarted intent to the writer now; the task resolves True once it is durable (as a
+        capture is), False if it cannot be (the call must then fail with 503).
+
+        Returns once the intent is the writer's (queued in the producer, or behind the spool's lock), so every
+        later record of the call follows it on the partition; its ack is awaited while the engine works.
+        """
+        task = asyncio.ensure_future(self._intent(call))
+        await asyncio.sleep(0)  # the task's first step: the record is handed to the producer
+        return task
+
+    async def _intent(self, call: Call) -> bool:
         ctx = call.ctx
         try:
             await self.write(ctx.rollout_id, CallStarted(model_call_id=ctx.model_call_id, route=ctx.route,

@@ -1,8 +1,9 @@
 """A stalled engine never hangs the harness: within ``engine_timeout_s`` (the whole call) or
 ``stream_idle_timeout_s`` (a stream's silence, before its first chunk too) the harness gets a 504 or an
 error event in its dialect, the call records CallIncomplete(engine_timeout) naming the timeout, and the
-engine request is closed. Every captured call's CallStarted intent is durable before the engine sees it, so
-a rollout finished meanwhile is masked; without a durable intent nothing is dispatched."""
+engine request is closed. Every captured call's CallStarted intent is produced before the engine sees it and
+is durable before the harness sees anything, so a rollout finished meanwhile is masked; without a durable
+intent the call is a 503 and nothing is served or recorded."""
 
 from __future__ import annotations
 
@@ -115,31 +116,62 @@ async def test_a_slow_stream_within_its_timeouts_is_captured(over_engine, publis
     assert isinstance(_intent_then(publisher), CallCaptured)
 
 
+async def _drive(app, path: str, body: dict, sent: list[dict]) -> None:
+    """One request through the raw ASGI app; every message the app sends is appended to ``sent`` as it goes."""
+    data = json.dumps(body).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "server": ("tt", 80),
+             "client": ("127.0.0.1", 5000), "headers": [(b"host", b"tt"), (b"content-type", b"application/json")]}
+    delivered = False
+
+    async def receive() -> dict:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": data, "more_body": False}
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+
+
 @pytest.mark.parametrize("stream", [False, True])
-async def test_the_intent_is_durable_before_the_engine_sees_the_call(over_engine, publisher, stream):
+async def test_the_engine_works_while_the_intent_is_acked_and_the_harness_waits_for_it(over_engine, publisher,
+                                                                                       stream):
     engine = StallingEngine()
-    seen: list[int] = []
-    engine.on_dispatch = lambda: seen.append(len(publisher.intents))
-    http, _ = await over_engine(engine)
-    publisher.gate = asyncio.Event()  # hold every ack
+    _, app = await over_engine(engine)
+    publisher.gate = asyncio.Event()  # hold every ack: the intent is produced, not yet durable
+    sent: list[dict] = []
     path, body = _request("chat", "intent-1", stream)
-    task = asyncio.create_task(http.post(path, json=body))
+    task = asyncio.create_task(_drive(app, path, body, sent))
+    for _ in range(100):
+        if engine.dispatched:
+            break
+        await asyncio.sleep(0.01)
+    assert engine.dispatched == 1, "the engine waited for the intent's ack (one ack too many on the critical path)"
     await asyncio.sleep(0.2)
-    assert engine.dispatched == 0, "the engine got the call before its intent was acknowledged"
+    assert sent == [], "the harness was answered before the call's intent was durable"
     publisher.gate.set()
-    r = await task
-    assert r.status_code == 200 and seen == [1]
-    assert isinstance(_intent_then(publisher), CallCaptured)
+    await task
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+    assert isinstance(_intent_then(publisher), CallCaptured)  # the intent is first on the log
     assert publisher.intents[0].body.route == "/v1/chat/completions"
 
 
-async def test_without_a_durable_intent_nothing_is_dispatched(over_engine, publisher):
-    engine = StallingEngine()
+@pytest.mark.parametrize("stream", [False, True])
+async def test_without_a_durable_intent_nothing_is_served_or_recorded(over_engine, publisher, stream):
+    engine = StallingEngine(n_tokens=50, interval=0.01)
     http, _ = await over_engine(engine)
     publisher.fail = True
-    r = await http.post(CHAT.format(rid="intent-2"), json={"model": "m", "messages": HELLO})
+    r = await http.post(CHAT.format(rid="intent-2"), json={"model": "m", "messages": HELLO, "stream": stream})
     assert r.status_code == 503 and "durable" in r.json()["error"]["message"]
-    assert engine.dispatched == 0 and publisher.all == []
+    assert publisher.all == [] and "data:" not in r.text
+    if stream:  # the engine's stream was closed at once, not read to its end
+        await asyncio.wait_for(engine.closed.wait(), 1.0)
+        assert engine.produced < 50
 
 
 # -- the vLLM middleware: httpx's timeouts do not reach an in-process engine ---------------------
