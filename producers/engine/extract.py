@@ -10,6 +10,10 @@ patched up.
 A log-prob that is not a finite number above vLLM's floor of -9999.0 is partial
 metadata too: vLLM writes -9999.0 both for a sampled token missing from its
 logprob dict and for a clamped -inf, so the value is not the policy's.
+
+No Python-level work runs per token: the arrays are read and checked by C loops
+(``array``, ``map``, ``sum``, ``min``); only a refusal looks for the culprit
+(``tests/unit/producers/test_cost_counters.py`` counts it).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import math
 from array import array
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from schemas.errors import ContractError
@@ -67,21 +72,27 @@ def extract_chat_tokens(response: dict[str, Any]) -> EngineTokens | None:
             f"engine returned {len(content)} log-probs for {len(generation)} generated tokens"
         )
     try:
-        log_probs = [float(entry["logprob"]) for entry in content]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PartialTokenMetadata(f"malformed logprobs.content entry: {exc}") from exc
+        log_probs = array("d", map(_LOGPROB, content))
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise PartialTokenMetadata(f"malformed logprobs.content entry: {exc!r}") from exc
     _check_log_probs(log_probs, generation)
     return EngineTokens(
         prompt_token_ids=_ids(prompt, "prompt_token_ids"),
         generation_token_ids=_ids(generation, "choices[0].token_ids"),
-        generation_log_probs=log_probs,
+        generation_log_probs=log_probs.tolist(),
         routed_experts=choice.get("routed_experts"),
     )
 
 
-def _check_log_probs(log_probs: list[float], generation: Any) -> None:
-    # One pass; `not (floor < v)` is also true for NaN.
-    for i, value in enumerate(log_probs):
+_LOGPROB = itemgetter("logprob")
+
+
+def _check_log_probs(log_probs: array[float], generation: Any) -> None:
+    # C loops: the sum of log-probs is finite only if each is (NaN and infinities carry through), and
+    # then their minimum is a number. Only a refusal walks the values to name the culprit.
+    if not log_probs or (math.isfinite(sum(log_probs)) and min(log_probs) > VLLM_LOGPROB_FLOOR):
+        return
+    for i, value in enumerate(log_probs):  # `not (floor < v)` is also true for NaN
         if not (VLLM_LOGPROB_FLOOR < value) or math.isinf(value):
             token = generation[i] if isinstance(generation, list) and i < len(generation) else "?"
             why = ("vLLM's placeholder for a sampled token missing from its logprob dict, or a clamped -inf"
