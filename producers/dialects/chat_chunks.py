@@ -24,8 +24,9 @@ to the readers that need them, not here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from producers.dialects.common import DialectError, check_finish_reason
 
@@ -40,9 +41,12 @@ class ToolDelta:
     arguments: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class ChatChunk:
-    """What one chunk says (of choice 0); ``None`` / empty for what it does not say."""
+class ChatChunk(NamedTuple):
+    """What one chunk says (of choice 0); ``None`` / empty for what it does not say.
+
+    A named tuple, not a frozen dataclass: one is made per streamed token, and a frozen dataclass's
+    ``__init__`` sets each of its 13 fields through ``object.__setattr__``.
+    """
 
     model: str | None = None
     created: int | None = None
@@ -51,7 +55,7 @@ class ChatChunk:
     has_choice: bool = False
     text: str | None = None
     reasoning: str | None = None
-    tools: list[ToolDelta] = field(default_factory=list)
+    tools: Sequence[ToolDelta] = ()
     finish_reason: str | None = None
     stop_reason: Any = None
     token_ids: list[int] | None = None

@@ -58,10 +58,16 @@ class ChatStreamAccumulator:
                               "total_tokens": (prompt or 0) + done}
         if not c.has_choice:
             return
+        # Extended in place: a stream's tokens arrive one chunk at a time, and a copy per chunk made the
+        # assembly quadratic in the generation (~1.3e5 element copies at 512 tokens).
         if c.token_ids is not None:
-            self.token_ids = (self.token_ids or []) + list(c.token_ids)
+            if self.token_ids is None:
+                self.token_ids = []
+            self.token_ids.extend(c.token_ids)
         if c.logprobs is not None:
-            self.logprobs = (self.logprobs or []) + list(c.logprobs)
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.extend(c.logprobs)
         if c.text:
             self.content.append(c.text)
         if c.reasoning:
