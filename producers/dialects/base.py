@@ -43,7 +43,8 @@ class ParsedRequest:
 
 class StreamAdapter(Protocol):
     def feed(self, chunk: dict[str, Any]) -> bytes:
-        """Bytes to send now for one engine chunk (may be empty)."""
+        """Bytes to send now for one engine chunk (may be empty). The chunk is the adapter's from here on:
+        it may consume it (the chat adapter strips the token fields in place); the caller reads it no more."""
 
     def finish(self) -> tuple[bytes, bytes]:
         """(the last non-terminal bytes, the terminal event) once the capture is durable."""

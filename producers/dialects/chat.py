@@ -65,17 +65,17 @@ class ChatStreamAdapter:
         self.keep_logprobs = keep_logprobs
 
     def feed(self, chunk: dict[str, Any]) -> bytes:
-        out = {k: v for k, v in chunk.items() if k not in TOP_LEVEL_TOKEN_FIELDS}
-        out["id"] = self.response_id
-        if "choices" in out:
-            choices = []
-            for choice in out["choices"]:
-                clean = {k: v for k, v in choice.items() if k not in CHOICE_TOKEN_FIELDS}
-                if not self.keep_logprobs and "logprobs" in clean:
-                    clean["logprobs"] = None
-                choices.append(clean)
-            out["choices"] = choices
-        return b"data: " + orjson.dumps(out) + b"\n\n"
+        # In place: the chunk is this call's own, already read by the capture (one per streamed token, so
+        # no copies of it).
+        for key in TOP_LEVEL_TOKEN_FIELDS:
+            chunk.pop(key, None)
+        chunk["id"] = self.response_id
+        for choice in chunk.get("choices") or ():
+            for key in CHOICE_TOKEN_FIELDS:
+                choice.pop(key, None)
+            if not self.keep_logprobs and "logprobs" in choice:
+                choice["logprobs"] = None
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
     def finish(self) -> tuple[bytes, bytes]:
         return b"", DONE
