@@ -94,6 +94,13 @@ CHAOS_ARGS ?=
 chaos: install jars
 	$(BIN)/tokentrail chaos $(CHAOS_ARGS)
 
+# Every performance budget in one table (compose/tools/bench/budgets.py): each benchmark, sized to take
+# about ten minutes in all, its BUDGET lines collected; exits 1 if a budget is missed (BENCH_ARGS, e.g.
+# --only capture wire).
+BENCH_ARGS ?=
+bench: install jars
+	$(BIN)/tokentrail bench budgets $(BENCH_ARGS)
+
 # The import contracts of pyproject.toml ([tool.importlinter]) alone; `make test` runs them
 # too (tests/unit/test_architecture.py).
 imports: install

@@ -12,6 +12,11 @@ payload is ``[u16 topic][topic][u32 key][key][u8 flags][value]``;
 ``cursor`` holds the byte offset up to which records were drained (written
 atomically). A torn last record (a crash mid-append) was never acknowledged
 to anyone and is cut off. When everything is drained the log is truncated.
+
+Memory: the spool holds only the positions of the pending records (a few tens
+of bytes each); a record's bytes are read back from the log when it reaches the
+head, so a long outage costs disk, not the interceptor's memory
+(``tokentrail bench memory``, mode ``spool``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import fcntl
 import os
 import struct
 import zlib
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,7 +66,8 @@ class Spool:
         self._cursor_path = self.dir / "cursor"
         self._fd = os.open(self._log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         self._cursor = self._read_cursor()
-        self._pending = self._scan()
+        self._pending: deque[tuple[int, int]] = self._scan()  # (offset, end) of each record not drained
+        self._head: SpooledRecord | None = None  # the first pending record, read back once
 
     # -- writing ------------------------------------------------------------------
     def append(self, topic: str, key: bytes, value: bytes, *, flags: int = 0) -> None:
@@ -74,19 +81,27 @@ class Spool:
             os.fsync(self._fd)
         except OSError as exc:
             raise DurabilityError(f"cannot write the spool at {self._log_path}: {exc}") from exc
-        self._pending.append(SpooledRecord(start, start + len(record), topic, key, value, flags))
+        self._pending.append((start, start + len(record)))
 
     # -- draining -----------------------------------------------------------------
     def __len__(self) -> int:
         return len(self._pending)
 
     def head(self) -> SpooledRecord | None:
-        return self._pending[0] if self._pending else None
+        """The oldest record not drained yet (read back from the log once), or None."""
+        if not self._pending:
+            return None
+        if self._head is None:
+            start, end = self._pending[0]
+            data = os.pread(self._fd, end - start, start)
+            self._head = _parse(start, end, data[_HEADER.size :])
+        return self._head
 
     def pop(self, record: SpooledRecord) -> None:
         """Mark the head record drained (persisted before returning)."""
-        assert self._pending and self._pending[0] is record, "records are drained in order"
-        self._pending.pop(0)
+        assert self._head is record and self._pending[0] == (record.offset, record.end), "records are drained in order"
+        self._pending.popleft()
+        self._head = None
         if not self._pending:
             # Fully drained: start over with an empty log (cursor first, so a crash
             # between the two leaves a cursor past the end, read as "all drained").
@@ -117,18 +132,18 @@ class Spool:
         os.replace(tmp, self._cursor_path)
         self._cursor = offset
 
-    def _scan(self) -> list[SpooledRecord]:
+    def _scan(self) -> deque[tuple[int, int]]:
         data = self._log_path.read_bytes()
         if self._cursor > len(data):
             self._cursor = len(data)
-        records: list[SpooledRecord] = []
+        records: deque[tuple[int, int]] = deque()
         pos = self._cursor
         while pos + _HEADER.size <= len(data):
             length, crc = _HEADER.unpack_from(data, pos)
             payload = data[pos + _HEADER.size : pos + _HEADER.size + length]
             if len(payload) < length or zlib.crc32(payload) != crc:
                 break
-            records.append(_parse(pos, pos + _HEADER.size + length, payload))
+            records.append((pos, pos + _HEADER.size + length))
             pos += _HEADER.size + length
         if pos < len(data):
             os.ftruncate(self._fd, pos)  # a torn tail was never acknowledged to anyone

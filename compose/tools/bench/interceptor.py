@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -101,7 +102,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         acks = _warm_broker(bootstrap, args.broker_warmup, tag=time.strftime("%H%M%S"))
         for deployment in (["proxy", "middleware"] if args.deployment == "both" else [args.deployment]):
-            _run(args, deployment, bootstrap, run_dir / deployment)
+            _run(args, deployment, bootstrap, run_dir / deployment, _pct(acks, 50) if acks else None)
         if acks:
             print(f"Kafka ack, direct        p50 {_ms(_pct(acks, 50))}   p99 {_ms(_pct(acks, 99))}   (bare acks=all "
                   f"produce of a capture-sized record, after {args.broker_warmup} warm-up records)")
@@ -111,7 +112,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Path) -> None:
+def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Path, ack_p50: float | None) -> None:
     """One deployment: ``proxy`` (``tokentrail intercept`` in front of the engine: one more HTTP hop) or
     ``middleware`` (the capture inside the engine's server, as ``vllm serve --middleware``; the baseline is
     the same server's uncaptured route)."""
@@ -137,9 +138,11 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
         policy_env = {"TOKENTRAIL_BOOTSTRAP": bootstrap, "TOKENTRAIL_TOPIC_PREFIX": prefix}
     with contextlib.ExitStack() as running:
         engine_url = None
+        engine_proc = None
         if args.engine == "vllm":
-            engine_url = running.enter_context(VllmEngine(run_dir / "vllm", variant="random", env=policy_env,
-                                                          extra_args=middleware)).url
+            engine = running.enter_context(VllmEngine(run_dir / "vllm", variant="random", env=policy_env,
+                                                      extra_args=middleware))
+            engine_url, engine_proc = engine.url, engine.proc
         else:
             policy_args += middleware
         stack = running.enter_context(LocalStack(
@@ -159,11 +162,20 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
         engine_seen: list[float] = []
         hop: list[float] = []
         stagger = args.decode_ms_per_token * args.gen_tokens / 1000
+        # CPU seconds (from /proc) of the process that captures: the interceptor (proxy), or the engine's
+        # server with the capture inside it (middleware), over the uncaptured and the captured rounds.
+        server = engine_proc.pid if engine_proc is not None else stack.services["policy"].proc.pid
+        capturer = stack.services["interceptor"].proc.pid if deployment == "proxy" else server
+        cpu = {"direct": 0.0, "via": 0.0}
         for _ in range(args.rounds):
+            before = _cpu_s(server)
             direct += asyncio.run(_load(direct_url, direct_body, args.calls_per_round, args.concurrency, None,
                                         stagger, seeded=seeded))
+            cpu["direct"] += _cpu_s(server) - before
+            before = _cpu_s(capturer)
             via += asyncio.run(_load(via_url, body, args.calls_per_round, args.concurrency, ours, stagger,
                                      engine_seen, hop, seeded=seeded))
+            cpu["via"] += _cpu_s(capturer) - before
         prompt_tokens = _prompt_tokens(stack.policy_url, body)
         metrics_path = "/metrics" if deployment == "proxy" else "/tokentrail/metrics"
         metrics = httpx.get(f"{capture_base}{metrics_path}", timeout=10).text
@@ -186,6 +198,34 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
           f"(client latency less both Server-Timing parts: {what})")
     print(f"{'  of which Kafka ack':<24} p50 <= {_hist_pct(metrics, 'tokentrail_publish_seconds', 50) * 1000:.1f} ms"
           f"   p99 <= {_hist_pct(metrics, 'tokentrail_publish_seconds', 99) * 1000:.1f} ms   (histogram bucket bounds)")
+    per_via, per_direct = cpu["via"] / len(via), cpu["direct"] / len(direct)
+    if deployment == "proxy":
+        capture_cpu = per_via
+        print(f"{'interceptor CPU':<24} {_ms(per_via)} per captured call   (the proxy process, from /proc: HTTP in and "
+              "out, the capture, the producer)")
+    else:
+        capture_cpu = per_via - per_direct
+        print(f"{'server CPU':<24} {_ms(per_via)} per captured call, {_ms(per_direct)} per uncaptured call: the "
+              f"capture adds {_ms(capture_cpu)} ({capture_cpu / per_direct:+.0%} of the server's own), from /proc")
+    name = f"interceptor.{deployment}.c{args.concurrency}"
+    _budget(f"{name}.cpu_per_call_ms", capture_cpu * 1000, 1.5)
+    if deployment == "middleware" and args.engine == "vllm":  # the API server's own CPU per call is vLLM's
+        _budget(f"{name}.api_server_cpu_ratio", per_via / per_direct, 1.10)
+    _budget(f"{name}.overhead_p50_ms", _pct(ours, 50) * 1000, 1.0, ack_p50 * 1000 if ack_p50 else None)
+    _budget(f"{name}.overhead_p99_ms", _pct(ours, 99) * 1000, 5.0, ack_p50 * 1000 if ack_p50 else None)
+    _budget(f"{name}.added_p50_ms", (_pct(via, 50) - _pct(direct, 50)) * 1000, 3.0)
+
+
+def _budget(name: str, value: float, limit: float, baseline: float | None = None) -> None:
+    """One line of `make bench`'s table (compose.tools.bench.budgets)."""
+    extra = f" baseline={baseline:.3f} ratio={value / baseline:.2f}" if baseline else ""
+    print(f"BUDGET {name} value={value:.3f} budget=<={limit:g}{extra} ok={str(value <= limit).lower()}")
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (its threads included), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _ms(seconds: float) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import tracemalloc
 
 import httpx
 import pytest
@@ -24,13 +25,34 @@ def test_spool_survives_reopen_and_cuts_a_torn_tail(tmp_path):
     with open(tmp_path / "spool.log", "ab") as fh:
         fh.write(b"\x00\x00\x00\x40torn")  # a crash mid-append
     again = Spool(tmp_path)
-    assert [(r.key, r.uncertain) for r in again._pending] == [(b"k1", True), (b"k2", False)]
+    assert len(again) == 2
     again.append("t", b"k3", b"v3")
-    assert [r.key for r in again._pending] == [b"k1", b"k2", b"k3"]
+    drained = []
     while len(again):
-        again.pop(again.head())
+        record = again.head()
+        drained.append((record.topic, record.key, record.value, record.uncertain))
+        again.pop(record)
+    assert drained == [("t", b"k1", b"v1", True), ("t", b"k2", b"v2", False), ("t", b"k3", b"v3", False)]
     assert (tmp_path / "spool.log").stat().st_size == 0
     again.close()
+
+
+def test_spooled_bytes_stay_on_disk_not_in_memory(tmp_path):
+    """A long outage costs disk: 200 spooled 50 KB records hold well under a megabyte of the process's memory."""
+    spool = Spool(tmp_path)
+    value = bytes(50_000)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(200):
+            spool.append("t", b"k%d" % i, value)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(spool) == 200 and held < 1_000_000, held  # the values alone are 10 MB
+    first = spool.head()
+    assert first is not None and first.key == b"k0" and first.value == value
+    spool.close()
 
 
 def test_one_spool_per_process(tmp_path):

@@ -1,0 +1,105 @@
+"""Every performance budget in one table (``make bench``): each benchmark run, its budget lines collected.
+
+Runs the benchmarks one after another, each in its own process with arguments sized so the
+whole table takes about ten minutes on a 2-core machine, and collects the lines each prints
+for the table:
+
+    BUDGET <name> value=<number> budget=<op><number> [baseline=<number> ratio=<number>] ok=<true|false>
+    FIGURE <name> value=<number>          (a figure with no budget of its own, e.g. memory per rollout)
+
+A baseline is measured in the same run as its figure (a bare Kafka ack, the pure fold, one copy
+of the projection's bytes), so a ratio compares like with like on whatever machine runs it. The
+table lists each line with the benchmark that printed it; a benchmark that fails is a row saying
+so, and the command exits 1 if any benchmark failed or any budget was missed. ``--only`` runs a
+subset; ``--out`` also writes the table to a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# name -> arguments: sized for ~10 minutes in all on this machine (each bench's defaults are larger)
+BENCHES: dict[str, list[str]] = {
+    "capture": ["--rounds", "3", "--calls", "100"],
+    "interceptor": ["--deployment", "both", "--rounds", "2", "--calls-per-round", "128", "--concurrency", "64",
+                    "--broker-warmup", "2000"],
+    "wire": [],
+    "fold": [],
+    "rebuild": ["--calls", "200", "--tokens", "131072", "--repeat", "5"],
+    "memory": ["--rollouts", "1000", "10000", "--modes", "index", "spool"],
+}
+_LINE = re.compile(r"^(BUDGET|FIGURE) (\S+) (.*)$")
+
+
+@dataclass(frozen=True)
+class Row:
+    bench: str
+    kind: str
+    name: str
+    fields: dict[str, str]
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == "FIGURE" or self.fields.get("ok") == "true"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--only", nargs="+", choices=list(BENCHES), help="run these benchmarks only")
+    parser.add_argument("--out", type=Path, help="also write the table here")
+
+
+def parse(bench: str, output: str) -> list[Row]:
+    """The BUDGET and FIGURE lines of one benchmark's output."""
+    rows = []
+    for line in output.splitlines():
+        match = _LINE.match(line.strip())
+        if match:
+            fields = dict(part.split("=", 1) for part in match.group(3).split() if "=" in part)
+            rows.append(Row(bench, match.group(1), match.group(2), fields))
+    return rows
+
+
+def render(rows: list[Row], failed: dict[str, str], seconds: dict[str, float]) -> str:
+    head = f"{'bench':<12} {'figure':<34} {'value':>12} {'budget':>10} {'baseline':>12} {'ratio':>7}  ok"
+    lines = [head, "-" * len(head)]
+    for row in rows:
+        f = row.fields
+        lines.append(f"{row.bench:<12} {row.name:<34} {f.get('value', ''):>12} {f.get('budget', '-'):>10} "
+                     f"{f.get('baseline', ''):>12} {f.get('ratio', ''):>7}  "
+                     f"{'-' if row.kind == 'FIGURE' else ('yes' if row.ok else 'NO')}")
+    for bench, why in failed.items():
+        lines.append(f"{bench:<12} {'(the benchmark failed)':<34} {why}")
+    lines.append("")
+    lines.append("took " + ", ".join(f"{b} {s:.0f} s" for b, s in seconds.items()))
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    rows: list[Row] = []
+    failed: dict[str, str] = {}
+    seconds: dict[str, float] = {}
+    for bench, extra in BENCHES.items():
+        if args.only and bench not in args.only:
+            continue
+        argv = [sys.executable, "-m", "compose.cli", "bench", bench, *extra]
+        print(f"== tokentrail bench {bench} {' '.join(extra)}", flush=True)
+        start = time.monotonic()
+        out = subprocess.run(argv, capture_output=True, text=True)
+        seconds[bench] = time.monotonic() - start
+        print(out.stdout, flush=True)
+        found = parse(bench, out.stdout)
+        if out.returncode != 0 or not found:
+            tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
+            failed[bench] = f"exit {out.returncode}: {tail[0][:120]}" if out.returncode else "printed no budget line"
+        rows += found
+    table = render(rows, failed, seconds)
+    print(table)
+    if args.out:
+        args.out.write_text(table + "\n")
+    return 0 if not failed and all(row.ok for row in rows) else 1
