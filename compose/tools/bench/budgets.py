@@ -33,6 +33,7 @@ BENCHES: dict[str, list[str]] = {
     "fold": [],
     "rebuild": ["--calls", "200", "--tokens", "131072", "--repeat", "5"],
     "memory": ["--rollouts", "1000", "10000", "--modes", "index", "spool"],
+    "e2e": ["--concurrency", "1", "32", "--rollouts", "48"],
 }
 _LINE = re.compile(r"^(BUDGET|FIGURE) (\S+) (.*)$")
 

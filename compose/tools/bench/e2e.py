@@ -250,3 +250,8 @@ def _report(level: Level) -> None:
     cpu = "  ".join(f"{name} {level.cpu_per_call[name] * 1000:.2f}" for name in SERVICES)
     print(f"  CPU ms per call   {cpu}   (the load's own harness {level.cpu_per_call['harness'] * 1000:.2f}; "
           f"machine {level.busy:.0%} busy of {os.cpu_count()} CPUs)")
+    if budget:  # one line of `make bench`'s table (compose.tools.bench.budgets)
+        print(f"BUDGET e2e.c{level.concurrency}.finish_to_delivered_p95_ms value={p95 * 1000:.1f} "
+              f"budget=<={budget * 1000:g} ok={str(p95 <= budget).lower()}")
+    for name in SERVICES:
+        print(f"FIGURE e2e.c{level.concurrency}.{name}_cpu_ms_per_call value={level.cpu_per_call[name] * 1000:.2f}")
