@@ -251,7 +251,8 @@ def _with_trace_totals(m: CaptureMetrics, traces: list[Trace]) -> CaptureMetrics
 def _record(snapshot: Snapshot, reasons: list[MaskReason], trajectory: Trajectory | None, response: str | None,
             metrics_: CaptureMetrics, traces: list[Trace] | None = None) -> RebuiltRollout:
     # The result is the finisher's opaque text: a result that is not strict JSON masks (invalid_result),
-    # kept as a string, so that no sink can be stopped by it.
+    # kept as a string, so that no sink can be stopped by it. The trajectories and projections are this
+    # module's own, checked as they were built (``built``): not scanned again here.
     return checked_record(RebuiltRollout(
         rollout_id=snapshot.rollout_id,
         snapshot_id=snapshot.snapshot_id,
@@ -263,4 +264,4 @@ def _record(snapshot: Snapshot, reasons: list[MaskReason], trajectory: Trajector
         result_json=snapshot.finished.result_json,
         metrics=metrics_,
         traces=traces or [],
-    ))
+    ), built=True)

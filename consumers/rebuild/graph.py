@@ -53,7 +53,8 @@ def build_forest(calls: list[SnapshotCall], side: dict[str, SideCall]) -> Forest
         if node.parent is not None:
             node.parent.children.append(node)
     for node in live:
-        node.children.sort(key=lambda n: n.order_key)
+        if len(node.children) > 1:  # a chain's nodes have one child each: nothing to order
+            node.children.sort(key=lambda n: n.order_key)
     for node in live:
         if node.quarantined and node.parent is None:
             _quarantine_subtree(node)  # an unreconstructable prompt: its descendants cannot be rebuilt either
@@ -67,11 +68,10 @@ def resolve_retries(forest: Forest, pinned: set[int]) -> list[list[str]]:
     ``pinned`` holds ``id(node)`` of nodes that must survive (the declared or
     content-attributed terminal and its ancestors).
     """
+    retried = retry_groups(forest.live)
+    if not retried:
+        return []
     depth = _depths(forest.live)
-    groups: dict[tuple[int, tuple[int, ...]], list[Node]] = {}
-    for node in forest.live:
-        groups.setdefault((id(node.parent), tuple(node.delta)), []).append(node)
-    retried = [g for g in groups.values() if len(g) > 1]
     retried.sort(key=lambda g: (-depth[id(g[0])], min(n.call_id for n in g)))
     unresolved: list[list[str]] = []
     for siblings in retried:
@@ -83,6 +83,32 @@ def resolve_retries(forest: Forest, pinned: set[int]) -> list[list[str]]:
             if node not in keep:
                 _quarantine_subtree(node)
     return unresolved
+
+
+def retry_groups(live: list[Node]) -> list[list[Node]]:
+    """Siblings with the same new prompt tokens (roots are one sibling set), each in ``live`` order.
+
+    Tokens are compared only between siblings whose deltas have the same length: a chain
+    (one child per node) compares none, so the grouping is linear in calls, not tokens.
+    """
+    siblings: dict[int, list[Node]] = {}
+    for node in live:
+        siblings.setdefault(id(node.parent), []).append(node)
+    groups: list[list[Node]] = []
+    for kids in siblings.values():
+        if len(kids) < 2:
+            continue
+        by_len: dict[int, list[Node]] = {}
+        for node in kids:
+            by_len.setdefault(len(node.delta), []).append(node)
+        for same_len in by_len.values():
+            if len(same_len) < 2:
+                continue
+            by_delta: dict[tuple[int, ...], list[Node]] = {}
+            for node in same_len:
+                by_delta.setdefault(tuple(node.delta), []).append(node)
+            groups.extend(g for g in by_delta.values() if len(g) > 1)
+    return groups
 
 
 def _depths(live: list[Node]) -> dict[int, int]:

@@ -79,7 +79,7 @@ def classify_roots(roots: list[Node], live: list[Node], terminal: Node | None,
     """``id(root) -> identity`` for every live root, and the rollout-level reasons (conflicting mains)."""
     tree_of = _tree_of(live)
     agent_calls = _agent_calls(live, rules.subagent_tools)
-    leaves = [n for n in live if not n.quarantined and not any(not c.quarantined for c in n.children)]
+    leaves = _Leaves(live)
     ordered = sorted(roots, key=lambda n: n.order_key)
     out: dict[int, RootIdentity] = {}
     for root in ordered:
@@ -103,7 +103,7 @@ def carried_summaries(roots: list[Node], live: list[Node], rules: RebuildRules) 
     pins these before resolving retries.
     """
     tree_of = _tree_of(live)
-    leaves = [n for n in live if not n.quarantined and not any(not c.quarantined for c in n.children)]
+    leaves = _Leaves(live)
     found = []
     for root in roots:
         matches = _summaries(root, tree_of, leaves, rules)
@@ -112,7 +112,7 @@ def carried_summaries(roots: list[Node], live: list[Node], rules: RebuildRules) 
     return found
 
 
-def _classify(root: Node, tree_of: dict[int, Node], agent_calls: list[_AgentCall], leaves: list[Node],
+def _classify(root: Node, tree_of: dict[int, Node], agent_calls: list[_AgentCall], leaves: _Leaves,
               rules: RebuildRules) -> RootIdentity:
     declared = _declared(root.call.facts.trace_declared)
     tool_matches = _tool_matches(root, tree_of, agent_calls)
@@ -251,7 +251,7 @@ def _tool_matches(root: Node, tree_of: dict[int, Node], agent_calls: list[_Agent
                   key=lambda c: (c.node.order_key, c.tool_call_id))
 
 
-def _summaries(root: Node, tree_of: dict[int, Node], leaves: list[Node], rules: RebuildRules) -> list[Node]:
+def _summaries(root: Node, tree_of: dict[int, Node], leaves: _Leaves, rules: RebuildRules) -> list[Node]:
     """The summary ``root`` continues from: the latest carried leaf (two only when created at once).
 
     A harness summarises right before it restarts; whatever else the new prompt
@@ -269,20 +269,39 @@ def _summaries(root: Node, tree_of: dict[int, Node], leaves: list[Node], rules: 
 _WINDOWS = 8  # evenly spaced windows tried per generation, with the middle one: a harness may drop part of it
 
 
-def _summary_matches(root: Node, tree_of: dict[int, Node], leaves: list[Node], width: int) -> list[Node]:
+class _Leaves:
+    """The live calls nothing live continues, and their generation windows as bytes.
+
+    Every root is matched against every earlier leaf: each window is packed once per
+    classification (on first use, in the order the search asks for it), not once per root.
+    """
+
+    def __init__(self, live: list[Node]) -> None:
+        self.nodes = [n for n in live if not n.quarantined and not any(not c.quarantined for c in n.children)]
+        self._packed: dict[tuple[int, int, int], bytes] = {}
+
+    def window(self, leaf: Node, start: int, width: int) -> bytes:
+        key = (id(leaf), start, width)
+        packed = self._packed.get(key)
+        if packed is None:
+            packed = self._packed[key] = array("I", leaf.generation[start:start + width]).tobytes()
+        return packed
+
+
+def _summary_matches(root: Node, tree_of: dict[int, Node], leaves: _Leaves, width: int) -> list[Node]:
     """Earlier leaves of other trees one of whose generation windows the root's prompt carries."""
     prompt = root.call.prompt_token_ids
     if not prompt:
         return []
     haystack = array("I", prompt).tobytes()
     found = []
-    for leaf in leaves:
+    for leaf in leaves.nodes:
         generation = leaf.generation
         if tree_of[id(leaf)] is root or leaf.order_key >= root.order_key or len(generation) < width:
             continue  # a generation shorter than the window is too short to tell a summary from a coincidence
         last = len(generation) - width
         starts = sorted({last // 2, *(last * k // (_WINDOWS - 1) for k in range(_WINDOWS))})
-        if any(_contains(haystack, array("I", generation[i:i + width]).tobytes()) for i in starts):
+        if any(_contains(haystack, leaves.window(leaf, i, width)) for i in starts):
             found.append(leaf)
     return found
 

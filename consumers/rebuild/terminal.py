@@ -112,14 +112,16 @@ def attribute_by_heuristic(forest: Forest, n_chains: int) -> Attribution:
             detail=f"no evidence names the terminal and {len(fragments)} unlinked fragment(s) may hold it",
             notes={"ambiguous_children": fragments},
         )
-    while kids := live_children(node):
-        grown = [k for k in kids if live_children(k)]
+    kids = live_children(node)
+    while kids:
+        below = [live_children(k) for k in kids]  # each node's live children are listed once on the way down
+        grown = [(k, g) for k, g in zip(kids, below) if g]
         if len(grown) == 1:
-            node = grown[0]
+            node, kids = grown[0]
         elif not grown and len(kids) == 1:
-            node = kids[0]
+            node, kids = kids[0], []
         else:
-            forks = sorted(k.call_id for k in (grown or kids))
+            forks = sorted(k.call_id for k in ([k for k, _ in grown] or kids))
             return Attribution(
                 failure=MaskCode.TERMINAL_AMBIGUOUS,
                 detail=f"call {node.call_id} continues into {len(forks)} branches and no evidence names one",

@@ -137,6 +137,8 @@ def _trace(index: int, plan: tuple[list[Node], int, RootIdentity, Node],
 
 def _own_part(full: Trajectory, own_from: int, untrained: set[str]) -> Trajectory:
     """The trace's own tokens of a whole-path trajectory; summaries not trained on become context."""
+    if own_from == 0 and not untrained:
+        return full  # the whole path, every generation trained on: what the slicing below would copy
     spans = full.spans[own_from:]
     cut = spans[0].start
     mask = bytearray(full.loss_mask[cut:])

@@ -23,9 +23,11 @@ is valid, and otherwise a copy that is masked with a reason per problem:
 - the same per trace (``delivery_mode="traces"``): the trace withholds the part
   and is masked, and the rollout carries the reason too.
 
-``rebuild`` applies it to everything it returns, and every built-in sink
-applies it again before writing (a no-op for a record that came from
-``rebuild``), so no record's content can make a sink write non-JSON or raise.
+``rebuild`` applies it to everything it returns (``built=True``: what it wrote
+itself, its trajectories and projections, is strict by construction and not
+scanned twice), and every built-in sink applies it again, in full, before
+writing (a no-op for a record that came from ``rebuild``), so no record's
+content can make a sink write non-JSON or raise.
 """
 
 from __future__ import annotations
@@ -101,8 +103,16 @@ def result_problem(result_json: Any) -> str | None:
     return None
 
 
-def checked_record(rollout: RebuiltRollout) -> RebuiltRollout:
-    """The record, or a masked copy of it whose every part renders as strict JSON (see the module docstring)."""
+def checked_record(rollout: RebuiltRollout, *, built: bool = False) -> RebuiltRollout:
+    """The record, or a masked copy of it whose every part renders as strict JSON (see the module docstring).
+
+    ``built=True`` is ``rebuild``'s own call on the record it just made: its trajectories'
+    log-probs were checked finite call by call (``chain_trajectory``) and its projections
+    were written by ``project_response_json``, strict by construction (every number through
+    an ``allow_nan=False`` encoder, every captured JSON text through ``strict_loads``), so
+    those checks are not repeated (the projection's is a scan of calls x tokens of text).
+    The result and the metrics are checked either way, and a sink checks everything again.
+    """
     reasons: list[MaskReason] = []
     changes: dict[str, Any] = {}
 
@@ -119,7 +129,7 @@ def checked_record(rollout: RebuiltRollout) -> RebuiltRollout:
         changes["result_json"] = json.dumps(raw, ensure_ascii=False)
 
     trajectory = rollout.trajectory
-    if trajectory is not None:
+    if trajectory is not None and not built:
         bad = first_non_finite(trajectory.log_probs)
         if bad is not None:
             index, value = bad
@@ -135,7 +145,7 @@ def checked_record(rollout: RebuiltRollout) -> RebuiltRollout:
             changes["response_json"] = None
 
     response = changes.get("response_json", rollout.response_json)
-    if response is not None:
+    if response is not None and not built:
         problem = _response_problem(response)
         if problem is not None:
             code, why = problem
@@ -146,7 +156,7 @@ def checked_record(rollout: RebuiltRollout) -> RebuiltRollout:
             ))
             changes["response_json"] = None
 
-    traces, trace_reasons = _checked_traces(rollout.traces)
+    traces, trace_reasons = _checked_traces(rollout.traces) if not built else (rollout.traces, [])
     if trace_reasons:
         reasons += trace_reasons
         changes["traces"] = traces
