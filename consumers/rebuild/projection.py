@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from consumers.rebuild.jsontext import dumps as _dumps
+from consumers.rebuild.jsontext import id_run as _ids
 from consumers.rebuild.links import Node
 from consumers.rebuild.trajectory import ChainError, NonFiniteValue
 from consumers.rebuild.validity import InvalidJson, NonFiniteJson, strict_loads
@@ -30,6 +32,8 @@ from consumers.rebuild.validity import InvalidJson, NonFiniteJson, strict_loads
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs", "routed_experts",
                 "generation_version_spans")
 _SYNTHESIZED = {"type": "message", "role": "assistant", "content": []}
+# The log-probs' own encoder (ASCII, as they were always written); built once, not per call.
+_log_probs_text = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 
 def project_response_json(chain: list[Node], rollout_id: str) -> str:
@@ -49,7 +53,7 @@ def project_response_json(chain: list[Node], rollout_id: str) -> str:
         generation_text = _ids(generation)
         tail_fields = (
             f'],"generation_token_ids":[{generation_text}],"generation_log_probs":'
-            + json.dumps(node.call.generation_log_probs, separators=(",", ":"), allow_nan=False)
+            + _log_probs_text(node.call.generation_log_probs)
         )
         if node.call.routed_experts_json is not None:
             try:
@@ -129,10 +133,6 @@ def assert_prefix_contiguity(output: list[dict[str, Any]]) -> None:
         seen = prompt + item["generation_token_ids"]
 
 
-def _ids(ids: list[int]) -> str:
-    return ",".join(map(str, ids))
-
-
 def _extend(running: list[str], ids: list[int], length: int, text: str | None = None) -> int:
     if ids:
         if running:
@@ -140,6 +140,3 @@ def _extend(running: list[str], ids: list[int], length: int, text: str | None = 
         running.append(_ids(ids) if text is None else text)
     return length + len(ids)
 
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
