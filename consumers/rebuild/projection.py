@@ -139,4 +139,3 @@ def _extend(running: list[str], ids: list[int], length: int, text: str | None = 
             running.append(",")
         running.append(_ids(ids) if text is None else text)
     return length + len(ids)
-
