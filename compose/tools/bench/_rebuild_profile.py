@@ -17,9 +17,12 @@ out of the ``tokentrail bench`` list), run as a module:
     folder on /dev/shm when there is one) and the file is removed. cProfile sees one
     thread and the rebuild runs in a worker thread, so profile this mode with py-spy:
     ``py-spy record -r 250 -f raw -o FILE -- python -m compose.tools.bench._rebuild_profile consumer``
-``python -m compose.tools.bench._rebuild_profile top FILE``
+``python -m compose.tools.bench._rebuild_profile top FILE [--within TEXT ...]``
     the top ``--top`` frames of py-spy's raw output by own samples, with their own and
-    inclusive shares of all samples.
+    inclusive shares, over the stacks that hold one of the ``--within`` frames and are
+    not idle (py-spy counts a pool thread waiting for work as running). For the
+    consumer: ``--within Runner.run --within _WorkItem.run`` (the event loop and its
+    worker threads: the setup left out).
 """
 
 from __future__ import annotations
@@ -164,23 +167,30 @@ async def _drive(consumer: Any, rollouts: int) -> Any:
         await consumer.close()
 
 
-def top_frames(path: str, top: int) -> None:
+# Leaf frames where a thread waits, though py-spy samples it as running.
+_IDLE = ("_worker (concurrent/futures/thread.py:81)", "EpollSelector.select (selectors.py:")
+
+
+def top_frames(path: str, top: int, within: list[str]) -> None:
     """py-spy's raw (folded) stacks: ``frame;frame;... count`` per line."""
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
-    total = 0
+    total = idle = 0
     with open(path, encoding="utf-8") as fh:
         for line in fh:
             stack, _, count = line.rstrip("\n").rpartition(" ")
-            if not stack or not count.isdigit():
+            if not stack or not count.isdigit() or (within and not any(w in stack for w in within)):
                 continue
             n = int(count)
-            total += n
             frames = stack.split(";")
+            if frames[-1].startswith(_IDLE):
+                idle += n
+                continue
+            total += n
             own[frames[-1]] += n
             for frame in set(frames):
                 inclusive[frame] += n
-    print(f"{total} samples; top {top} frames by own samples (own %, inclusive %)")
+    print(f"{total} samples ({idle} idle left out); top {top} frames by own samples (own %, inclusive %)")
     for frame, n in own.most_common(top):
         print(f"{100 * n / total:6.1f} {100 * inclusive[frame] / total:6.1f}  {frame}")
 
@@ -201,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--tokens", type=int, default=131_072)
     tp = sub.add_parser("top")
     tp.add_argument("file")
+    tp.add_argument("--within", action="append", default=[], help="keep only stacks holding this frame text")
     for p in (rb, tp):
         p.add_argument("--top", type=int, default=20)
     args = parser.parse_args(argv)
@@ -209,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.what == "consumer":
         run_consumer(args.rollouts, args.calls, args.tokens, args.dir, args.response)
     else:
-        top_frames(args.file, args.top)
+        top_frames(args.file, args.top, args.within)
     return 0
 
 

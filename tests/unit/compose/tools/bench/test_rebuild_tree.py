@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from collections import Counter
 
 import pytest
@@ -65,6 +66,34 @@ def test_the_bench_prints_the_tree_figures_and_no_tree_leaves_them_out(capsys):
     assert "traces mode" in with_tree and "of 2x" in with_tree
     without = run_bench(capsys, False)
     assert "tree" not in without
-    # The tree adds its four lines after the existing output, which keeps its shape.
-    assert [line.split()[0] for line in with_tree.splitlines()[:-4]] == [
-        line.split()[0] for line in without.splitlines()]
+    # The tree adds its four lines after the existing output, which keeps its shape; the BUDGET lines come last.
+    assert [line.split()[0] for line in figures(with_tree)[:-4]] == [line.split()[0] for line in figures(without)]
+    assert [line.split()[1] for line in budgets(with_tree)] == ["rebuild.projection_ratio", "rebuild.tree_ratio"]
+    assert [line.split()[1] for line in budgets(without)] == ["rebuild.projection_ratio"]
+
+
+def figures(out: str) -> list[str]:
+    return [line for line in out.splitlines() if not line.startswith("BUDGET ")]
+
+
+def budgets(out: str) -> list[str]:
+    lines = out.splitlines()
+    found = [line for line in lines if line.startswith("BUDGET ")]
+    assert lines[-len(found):] == found  # the last lines, for a table of every benchmark to collect
+    return found
+
+
+BUDGET = re.compile(r"BUDGET [a-z_.]+ value=[0-9.]+ budget=<=[0-9.]+( baseline=[0-9.]+ ratio=[0-9.]+)? ok=(true|false)")
+
+
+def test_each_budget_line_has_the_collected_format(capsys):
+    out = run_bench(capsys, True)
+    assert all(BUDGET.fullmatch(line) for line in budgets(out)), budgets(out)
+    # The compact budget is set at 200 calls / 131072 tokens: a smaller rollout is not judged against it.
+    assert "rebuild.compact_ms" not in out and "not judged at 30 calls / 3000 tokens" in out
+
+
+def test_budget_line_judges_an_upper_bound():
+    assert bench.budget_line("rebuild.compact_ms", 4.2, 5.0) == "BUDGET rebuild.compact_ms value=4.20 budget=<=5 ok=true"
+    assert bench.budget_line("rebuild.projection_ratio", 1.62, 1.5, 57.031) == (
+        "BUDGET rebuild.projection_ratio value=1.62 budget=<=1.5 baseline=57.03 ratio=1.62 ok=false")
