@@ -147,10 +147,15 @@ def chains(forest: Forest, roots: list[Node] | None = None) -> list[list[Node]]:
             del path[at:]
             path.append(node)
             kids = [c for c in node.children if not c.quarantined]
+            while len(kids) == 1:  # down a run of single children without the stack
+                node = kids[0]
+                path.append(node)
+                kids = [c for c in node.children if not c.quarantined]
             if not kids:
                 out.append(list(path))
+            at = len(path)
             for child in reversed(kids):
-                stack.append((child, at + 1))
+                stack.append((child, at))
     return out
 
 
