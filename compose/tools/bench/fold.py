@@ -1,4 +1,4 @@
-"""Fold throughput per worker and state bytes written per event (budget, ARCHITECTURE §8: ≥ 5,000 events/s, ≤ 1.1×).
+"""Fold throughput per worker, state bytes written and held (budget, ARCHITECTURE §8: ≥ 10,000 events/s per worker and ≥ 0.8× the pure fold of the same run, ≤ 1.1×).
 
 The workload is concurrent multi-turn agent rollouts as the interceptor
 publishes them: a root call with a long system prompt, then calls whose
@@ -16,26 +16,35 @@ Two measurements of the same events:
    the span between the Kafka timestamps of its first changelog record and its
    last changelog or snapshot record (so start-up and group join are left
    out), its state bytes are read back from the changelog (one record per
-   table write).
+   table write). It also prints the worker's CPU per event and how busy the
+   machine was meanwhile (``compose.tools.bench._fold_worker``), and with
+   ``--profile FILE`` a py-spy profile of the worker (its top frames).
 
 "Bytes written per event" is key + value bytes of the state writes over the
-event's record bytes.
+event's record bytes. "State per in-flight call / rollout" is the state the
+fold holds once every rollout is frozen and none retired yet (key + value
+bytes of its live keys, and the worker's RocksDB directory on disk), over the
+calls and rollouts it holds.
+
+The last lines are one ``BUDGET`` line per budget, for collecting into a table:
+``BUDGET <name> value=<number> budget=<op><number> [baseline=<number> ratio=<number>] ok=<true|false>``
+(``fold.worker_events_s``, ``fold.worker_vs_pure``, ``fold.state_write_amp``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-BUDGET_EVENTS_S = 5000.0  # ARCHITECTURE §8
+BUDGET_EVENTS_S = 10_000.0  # ARCHITECTURE §8, per worker
+BUDGET_VS_PURE = 0.8  # the worker's rate over the pure fold's, same run
 BUDGET_WRITE_AMP = 1.1
 
 
@@ -51,6 +60,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--bootstrap", help="broker for the worker measurement (default: start a jar broker)")
     parser.add_argument("--no-worker", action="store_true", help="only the pure fold")
+    parser.add_argument("--profile", type=Path, metavar="FILE",
+                        help="py-spy raw profile of the worker (between its first and last snapshot) to FILE; "
+                             "its top frames are printed")
 
 
 def workload(args: argparse.Namespace) -> list[tuple[bytes, bytes]]:
@@ -112,9 +124,10 @@ def workload(args: argparse.Namespace) -> list[tuple[bytes, bytes]]:
     return records
 
 
-def pure_fold(records: list[tuple[bytes, bytes]], repeat: int) -> tuple[float, float, float]:
-    """(best events/s, capture write bytes / capture event bytes, all write bytes / all event bytes)."""
-    from processors.replay import replay
+def pure_fold(records: list[tuple[bytes, bytes]], repeat: int) -> tuple[float, float, float, int]:
+    """(best events/s, capture write bytes / capture event bytes, all write bytes / all event bytes,
+    key + value bytes of the state held at the end)."""
+    from processors.replay import MemoryState, replay
 
     best = 0.0
     for _ in range(repeat):
@@ -123,87 +136,53 @@ def pure_fold(records: list[tuple[bytes, bytes]], repeat: int) -> tuple[float, f
             pass
         best = max(best, len(records) / (time.perf_counter() - start))
     written = event_bytes = cap_written = cap_bytes = 0
-    for (key, value), step in zip(records, replay(records, offsets_from=0)):
+    state = MemoryState()
+    for (key, value), step in zip(records, replay(records, state=state, offsets_from=0)):
         res = step.result
         w = sum(len(k) + len(v or b"") for k, v in res.writes.items())
         written, event_bytes = written + w, event_bytes + len(key) + len(value)
         if not res.emitted:  # the captures (finishes also assemble a snapshot, which is not state)
             cap_written, cap_bytes = cap_written + w, cap_bytes + len(key) + len(value)
-    return best, cap_written / cap_bytes, written / event_bytes
-
-
-def faust_worker(records: list[tuple[bytes, bytes]], bootstrap: str, run_dir: Path, rollouts: int) -> dict:
-    """Publish ``records``, let one worker fold them, and read its changelog and snapshots back."""
-    import confluent_kafka
-
-    from schemas.kafka.admin import ensure_topics, produce_all
-    from schemas.kafka.config import producer_config
-    from schemas.kafka.topics import topic_names
-
-    tag = uuid.uuid4().hex[:8]
-    prefix, app_id = f"benchfold{tag}.", f"benchfold-{tag}"
-    names = topic_names(prefix)
-    ensure_topics(bootstrap, names)
-    # The interceptor's producer settings (idempotent, acks=all, Java-compatible partitioner), batched.
-    produce_all(confluent_kafka.Producer(producer_config(bootstrap, linger_ms=20)), names.rollout_events, records)
-    log = run_dir / "worker.log"
-    with open(log, "wb") as out:
-        worker = subprocess.Popen([sys.executable, "-m", "compose.cli", "process", "--bootstrap", bootstrap,
-                                   "--data-dir", str(run_dir / "worker"), "--app-id", app_id, "--topic-prefix", prefix],
-                                  stdout=out, stderr=subprocess.STDOUT)
-    try:
-        snapshots = _drain(bootstrap, names.snapshots, until=rollouts, worker=worker, log=log)
-    finally:
-        worker.terminate()
-        worker.wait(60)
-    changelog = _drain(bootstrap, f"{app_id}-rollout-state-changelog", until=None)
-    first, last = min(ts for ts, _ in changelog), max(ts for ts, _ in snapshots + changelog)
-    return {"events_s": len(records) / max((last - first) / 1000, 1e-3),
-            "state_bytes": sum(size for _, size in changelog), "snapshots": len(snapshots),
-            "seconds": (last - first) / 1000}
-
-
-def _drain(bootstrap: str, topic: str, until: int | None, worker=None, log=None,
-           timeout: float = 600.0) -> list[tuple[int, int]]:
-    """(timestamp ms, key + value bytes) of the topic's records: ``until`` of them, or all there are now."""
-    import confluent_kafka
-
-    from schemas.kafka.topics import MAX_MESSAGE_BYTES
-
-    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
-                                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                                         "fetch.message.max.bytes": MAX_MESSAGE_BYTES,
-                                         "max.partition.fetch.bytes": MAX_MESSAGE_BYTES})
-    consumer.subscribe([topic])
-    out: list[tuple[int, int]] = []
-    deadline, idle_since = time.monotonic() + timeout, time.monotonic()
-    try:
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is not None and not msg.error():
-                out.append((msg.timestamp()[1], len(msg.key() or b"") + len(msg.value() or b"")))
-                idle_since = time.monotonic()
-            if until is not None and len(out) >= until:
-                return out
-            if until is None and out and time.monotonic() - idle_since > 3:
-                return out
-            if worker is not None and worker.poll() is not None:
-                raise RuntimeError(f"the worker exited with {worker.returncode}; see {log}")
-        raise RuntimeError(f"timed out reading {topic} ({len(out)} records)")
-    finally:
-        consumer.close()
+    held = sum(len(k) + len(v) for k, v in state.items())
+    return best, cap_written / cap_bytes, written / event_bytes, held
 
 
 def main(args: argparse.Namespace) -> int:
     records = workload(args)
-    mean = sum(len(k) + len(v) for k, v in records) / len(records)
+    event_bytes = sum(len(k) + len(v) for k, v in records)
     print(f"workload: {args.rollouts} rollouts x {args.calls} calls, {args.concurrent} interleaved: "
-          f"{len(records):,} events, mean {mean / 1024:.1f} KiB; per call {args.new_tokens[0]}-{args.new_tokens[1]} "
-          f"new prompt and {args.gen_tokens[0]}-{args.gen_tokens[1]} generated tokens, delta-encoded")
-    rate, cap_amp, all_amp = pure_fold(records, args.repeat)
+          f"{len(records):,} events, mean {event_bytes / len(records) / 1024:.1f} KiB; per call "
+          f"{args.new_tokens[0]}-{args.new_tokens[1]} new prompt and {args.gen_tokens[0]}-{args.gen_tokens[1]} "
+          "generated tokens, delta-encoded")
+    rate, cap_amp, all_amp, held = pure_fold(records, args.repeat)
     _report("pure fold (dict state)", rate, cap_amp, f"capture events; all events {all_amp:.3f}x")
-    if args.no_worker:
-        return 0
+    calls = args.rollouts * args.calls
+    print(f"  state held   {held / calls / 1024:>9.1f} KiB per in-flight call, {held / args.rollouts / 1024:,.0f} KiB "
+          f"per in-flight {args.calls}-call rollout (key + value bytes of the live keys: {args.rollouts} rollouts "
+          "frozen, none retired)")
+    budgets = [_budget("fold.state_write_amp", all_amp, "<=", BUDGET_WRITE_AMP)]
+    try:
+        if not args.no_worker:
+            got = _worker(args, records, event_bytes, rate)
+            if got is not None:
+                amp, worker_rate = got
+                budgets = [
+                    _budget("fold.worker_events_s", worker_rate, ">=", BUDGET_EVENTS_S, baseline=rate),
+                    _budget("fold.worker_vs_pure", worker_rate / rate, ">=", BUDGET_VS_PURE),
+                    _budget("fold.state_write_amp", amp, "<=", BUDGET_WRITE_AMP),
+                ]
+    finally:
+        for line in budgets:
+            print(line)
+    return 0
+
+
+def _worker(args: argparse.Namespace, records: list[tuple[bytes, bytes]], event_bytes: int,
+            pure_rate: float) -> tuple[float, float] | None:
+    """Run and report one real worker; (write amplification, events/s), None when no broker could start."""
+    from compose.tools.bench._fold_worker import run_worker, top_frames
+
+    finishes = {key: i for i, (key, _) in enumerate(records)}  # a rollout's last event is its finish
     run_dir = Path(tempfile.mkdtemp(prefix="tokentrail-bench-fold-"))
     broker_dir = None
     bootstrap = args.bootstrap
@@ -216,18 +195,41 @@ def main(args: argparse.Namespace) -> int:
                 bootstrap = start_broker(broker_dir).bootstrap
             except BrokerError as exc:
                 print(f"faust worker: skipped, no broker ({str(exc).splitlines()[0]}); pass --bootstrap")
-                return 0
-        got = faust_worker(records, bootstrap, run_dir, args.rollouts)
-        amp = got["state_bytes"] / sum(len(k) + len(v) for k, v in records)
-        _report(f"one faust worker (RocksDB + changelog, broker {bootstrap})", got["events_s"], amp,
-                f"changelog bytes, all events; {len(records):,} events in {got['seconds']:.1f} s")
+                return None
+        got = run_worker(records, finishes, bootstrap, run_dir, profile=args.profile)
+        amp = got.state_bytes / event_bytes
+        _report(f"one faust worker (RocksDB + changelog, broker {bootstrap})", got.events_s, amp,
+                f"changelog bytes, all events; {len(records):,} events in {got.seconds:.2f} s")
+        print(f"  vs pure fold {got.events_s / pure_rate:>9.2f}x the pure fold's rate of this run "
+              f"(>= {BUDGET_VS_PURE}x)")
+        print(f"  CPU          {got.cpu_per_event_s * 1e6:>9.0f} us per event (the worker's own; machine "
+              f"{got.machine_busy:.0%} busy of {os.cpu_count()} CPUs meanwhile)")
+        calls = args.rollouts * args.calls
+        print(f"  on disk      {got.disk_bytes / calls / 1024:>9.1f} KiB per in-flight call, "
+              f"{got.disk_bytes / args.rollouts / 1024:,.0f} KiB per in-flight rollout (RocksDB SST + WAL "
+              "after a clean stop)")
+        if args.profile is not None:
+            print(f"  profile      {args.profile} (py-spy raw); top frames:")
+            for line in top_frames(args.profile.read_text()):
+                print(f"    {line}")
+        return amp, got.events_s
     finally:
         if broker_dir is not None:
             from compose.rig.kafka.broker import stop_broker
 
             stop_broker(broker_dir)
-    shutil.rmtree(run_dir, ignore_errors=True)  # kept, with the worker's log, when the run failed
-    return 0
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _budget(name: str, value: float, op: str, budget: float, baseline: float | None = None) -> str:
+    """``BUDGET <name> value=<n> budget=<op><n> [baseline=<n> ratio=<r>] ok=<true|false>``."""
+    ok = value >= budget if op == ">=" else value <= budget
+    against = f" baseline={_number(baseline)} ratio={value / baseline:.3f}" if baseline else ""
+    return f"BUDGET {name} value={_number(value)} budget={op}{budget:g}{against} ok={str(ok).lower()}"
+
+
+def _number(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3f}"
 
 
 def _report(what: str, rate: float, amp: float, detail: str) -> None:

@@ -1,0 +1,185 @@
+"""One real fold worker under ``tokentrail bench fold``: its rate, CPU, state and (optionally) its profile.
+
+A private helper of ``compose.tools.bench.fold`` (the leading underscore keeps it
+out of the ``tokentrail bench`` list).
+
+``run_worker`` publishes the records, starts one ``tokentrail process`` worker
+(Faust, RocksDB through rocksdict, its changelog) and reads its snapshots and
+changelog back:
+
+- rate: the events over the span between the Kafka timestamps of the first
+  changelog record and the last changelog or snapshot record (start-up and
+  group join are left out);
+- CPU: the worker's own CPU seconds (``/proc/<pid>/stat``) between its first
+  and its last snapshot, over the events folded in between (known from the
+  workload: a rollout's snapshot follows its finish event), and how busy the
+  whole machine was meanwhile (other processes included): the figure that
+  says how loaded the run was;
+- state: changelog bytes (one record per table write), and the worker's
+  RocksDB directory on disk after its clean stop;
+- ``profile``: a py-spy ``raw`` profile of the worker between its first and
+  last snapshot (so start-up is left out), summarised by ``top_frames``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from compose.tools.bench.e2e import cpu_seconds, machine_busy
+
+
+@dataclass(frozen=True)
+class WorkerRun:
+    events_s: float
+    seconds: float
+    state_bytes: int  # changelog key + value bytes
+    snapshots: int
+    cpu_per_event_s: float  # the worker's CPU between its first and last snapshot, per event folded
+    machine_busy: float  # every CPU of the machine over that span, 0..1
+    disk_bytes: int  # the worker's data dir (RocksDB SST + WAL) after its clean stop
+
+
+def run_worker(records: list[tuple[bytes, bytes]], finishes: dict[bytes, int], bootstrap: str, run_dir: Path,
+               profile: Path | None = None) -> WorkerRun:
+    """Publish ``records``, let one worker fold them, read its changelog and snapshots back.
+
+    ``finishes``: rollout key → index in ``records`` of its finish event (what its snapshot says was folded).
+    """
+    import confluent_kafka
+
+    from schemas.kafka.admin import ensure_topics, produce_all
+    from schemas.kafka.config import producer_config
+    from schemas.kafka.topics import topic_names
+
+    tag = uuid.uuid4().hex[:8]
+    prefix, app_id = f"benchfold{tag}.", f"benchfold-{tag}"
+    names = topic_names(prefix)
+    ensure_topics(bootstrap, names)
+    # The interceptor's producer settings (idempotent, acks=all, Java-compatible partitioner), batched.
+    produce_all(confluent_kafka.Producer(producer_config(bootstrap, linger_ms=20)), names.rollout_events, records)
+    log = run_dir / "worker.log"
+    data_dir = run_dir / "worker"
+    with open(log, "wb") as out:
+        worker = subprocess.Popen([sys.executable, "-m", "compose.cli", "process", "--bootstrap", bootstrap,
+                                   "--data-dir", str(data_dir), "--app-id", app_id, "--topic-prefix", prefix],
+                                  stdout=out, stderr=subprocess.STDOUT)
+    watch = _Watch(worker.pid, finishes, profile)
+    try:
+        snapshots = _drain(bootstrap, names.snapshots, until=len(finishes), worker=worker, log=log, watch=watch)
+    finally:
+        watch.stop()
+        worker.terminate()
+        worker.wait(60)
+    changelog = _drain(bootstrap, f"{app_id}-rollout-state-changelog", until=None)
+    first, last = min(ts for ts, _, _ in changelog), max(ts for ts, _, _ in snapshots + changelog)
+    return WorkerRun(events_s=len(records) / max((last - first) / 1000, 1e-3), seconds=(last - first) / 1000,
+                     state_bytes=sum(size for _, _, size in changelog), snapshots=len(snapshots),
+                     cpu_per_event_s=watch.cpu_per_event(), machine_busy=watch.busy(),
+                     disk_bytes=sum(p.stat().st_size for p in data_dir.rglob("*") if p.is_file()))
+
+
+class _Watch:
+    """The worker's CPU and the machine's between its first and last snapshot; py-spy over the same span."""
+
+    def __init__(self, pid: int, finishes: dict[bytes, int], profile: Path | None) -> None:
+        self.pid, self.finishes, self.profile = pid, finishes, profile
+        self.ticks = os.sysconf("SC_CLK_TCK")
+        self.first: tuple[int, float, tuple[float, float]] | None = None  # (event index, worker CPU, machine)
+        self.last: tuple[int, float, tuple[float, float]] | None = None
+        self.spy: subprocess.Popen[bytes] | None = None
+
+    def snapshot(self, key: bytes) -> None:
+        mark = (self.finishes.get(key, 0), self._cpu(), machine_busy(Path("/proc/stat").read_text()))
+        if self.first is None:
+            self.first = mark
+            if self.profile is not None:
+                spy = Path(sys.executable).with_name("py-spy")
+                self.spy = subprocess.Popen([str(spy), "record", "-p", str(self.pid), "-r", "250", "-f", "raw", "--gil",
+                                             "--nonblocking", "-o", str(self.profile)],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        else:
+            self.last = mark
+
+    def stop(self) -> None:
+        if self.spy is not None:
+            self.spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            self.spy.wait(60)
+
+    def _cpu(self) -> float:
+        return cpu_seconds(Path(f"/proc/{self.pid}/stat").read_text(), self.ticks)
+
+    def cpu_per_event(self) -> float:
+        if self.first is None or self.last is None or self.last[0] <= self.first[0]:
+            return float("nan")
+        return (self.last[1] - self.first[1]) / (self.last[0] - self.first[0])
+
+    def busy(self) -> float:
+        if self.first is None or self.last is None:
+            return float("nan")
+        (b0, t0), (b1, t1) = self.first[2], self.last[2]
+        return (b1 - b0) / max(t1 - t0, 1)
+
+
+def _drain(bootstrap: str, topic: str, until: int | None, worker: subprocess.Popen[bytes] | None = None,
+           log: Path | None = None, watch: _Watch | None = None,
+           timeout: float = 600.0) -> list[tuple[int, bytes, int]]:
+    """(timestamp ms, key, key + value bytes) of the topic's records: ``until`` of them, or all there are now."""
+    import confluent_kafka
+
+    from schemas.kafka.topics import MAX_MESSAGE_BYTES
+
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
+                                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                                         "fetch.message.max.bytes": MAX_MESSAGE_BYTES,
+                                         "max.partition.fetch.bytes": MAX_MESSAGE_BYTES})
+    consumer.subscribe([topic])
+    out: list[tuple[int, bytes, int]] = []
+    deadline, idle_since = time.monotonic() + timeout, time.monotonic()
+    try:
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                key = msg.key() or b""
+                out.append((msg.timestamp()[1], key, len(key) + len(msg.value() or b"")))
+                idle_since = time.monotonic()
+                if watch is not None:
+                    watch.snapshot(key)
+            if until is not None and len(out) >= until:
+                return out
+            if until is None and out and time.monotonic() - idle_since > 3:
+                return out
+            if worker is not None and worker.poll() is not None:
+                raise RuntimeError(f"the worker exited with {worker.returncode}; see {log}")
+        raise RuntimeError(f"timed out reading {topic} ({len(out)} records)")
+    finally:
+        consumer.close()
+
+
+def top_frames(raw: str, n: int = 20) -> list[str]:
+    """The ``n`` functions with the most samples (own, then inclusive) of a py-spy ``raw`` profile, as lines."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = [re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";")]  # by function, not line
+        total += int(count)
+        own[frames[-1]] += int(count)
+        for frame in set(frames):
+            inclusive[frame] += int(count)
+    lines = [f"{total} samples (250/s of the thread holding the GIL, the worker between its first and last snapshot)", "own time:"]
+    lines += [f"  {100 * c / max(total, 1):5.1f}%  {frame}" for frame, c in own.most_common(n)]
+    lines += ["inclusive (the function and what it calls):"]
+    lines += [f"  {100 * c / max(total, 1):5.1f}%  {frame}" for frame, c in inclusive.most_common(n)]
+    return lines

@@ -1,0 +1,36 @@
+"""The figures of ``tokentrail bench fold`` another tool collects: its BUDGET lines and profile summary."""
+
+from __future__ import annotations
+
+import re
+
+from compose.tools.bench._fold_worker import top_frames
+from compose.tools.bench.fold import _budget
+
+BUDGET_LINE = re.compile(r"^BUDGET (\S+) value=(-?[0-9.]+) budget=(>=|<=)([0-9.]+)"
+                         r"(?: baseline=([0-9.]+) ratio=([0-9.]+))? ok=(true|false)$")
+
+
+def test_budget_lines_have_the_collectable_format():
+    rate = _budget("fold.worker_events_s", 12345.6, ">=", 10_000, baseline=15000.0)
+    assert BUDGET_LINE.match(rate).groups() == ("fold.worker_events_s", "12346", ">=", "10000", "15000", "0.823",
+                                                "true")
+    ratio = _budget("fold.worker_vs_pure", 0.7, ">=", 0.8)
+    assert BUDGET_LINE.match(ratio).groups() == ("fold.worker_vs_pure", "0.700", ">=", "0.8", None, None, "false")
+    amp = _budget("fold.state_write_amp", 1.074, "<=", 1.1)
+    assert BUDGET_LINE.match(amp).groups()[-1] == "true"
+    assert "e+" not in _budget("x", 1_234_567.0, ">=", 10_000), "plain numbers, never exponents"
+
+
+def test_top_frames_count_own_and_inclusive_samples_by_function():
+    raw = "\n".join([
+        "main (a.py:1);fold (f.py:10);decode (d.py:5) 6",
+        "main (a.py:1);fold (f.py:12) 3",
+        "main (a.py:2);send (s.py:7) 1",
+    ])
+    lines = top_frames(raw, n=2)
+    assert lines[0].startswith("10 samples")
+    own = lines[lines.index("own time:") + 1:lines.index("inclusive (the function and what it calls):")]
+    assert own == ["   60.0%  decode (d.py)", "   30.0%  fold (f.py)"]
+    inclusive = lines[lines.index("inclusive (the function and what it calls):") + 1:]
+    assert inclusive == ["  100.0%  main (a.py)", "   90.0%  fold (f.py)"]
