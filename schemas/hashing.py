@@ -53,11 +53,14 @@ assert array("Q").itemsize == 8
 
 def compute_digest(token_ids: Iterable[int]) -> str:
     """Hex SHA-256 of a token sequence; equal sequences, equal digests, in every process."""
-    ids = token_ids if isinstance(token_ids, (list, tuple)) else list(token_ids)
+    ids = token_ids if isinstance(token_ids, list) else list(token_ids)
     hasher = hashlib.sha256(_TOKENS_DOMAIN)
     if ids:
+        packed = array("Q")
         try:
-            packed = array("Q", ids)  # C-speed packing; checks every id is an int in [0, 2**64)
+            # C-speed packing that checks every id is an int in [0, 2**64); fromlist borrows each item where
+            # the array constructor takes a reference per id (the one hash a rebuild pays per token).
+            packed.fromlist(ids)
         except (OverflowError, TypeError) as exc:
             bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t <= _UINT64_MAX), None)
             raise ValueError(
@@ -67,7 +70,7 @@ def compute_digest(token_ids: Iterable[int]) -> str:
         if _LITTLE_ENDIAN:
             packed.byteswap()  # the digest hashes big-endian ids
         hasher.update(struct.pack(">BQ", DIGEST_VERSION, len(ids)))
-        hasher.update(packed.tobytes())
+        hasher.update(packed)  # its own buffer: no copy
     return hasher.hexdigest()
 
 
