@@ -50,6 +50,7 @@ from __future__ import annotations
 import hashlib
 
 from processors import lineage
+from processors.decode import decode_for_fold
 from processors.snapshot import CONFLICTING_PAYLOAD
 from processors.state import (
     FingerprintEntry,
@@ -57,8 +58,6 @@ from processors.state import (
     RolloutHeader,
     StoredIncomplete,
     call_key,
-    encode_call_body,
-    encode_stored_call,
     fingerprint_key,
     incomplete_codec,
     incomplete_key,
@@ -68,8 +67,9 @@ from processors.state import (
     replace_header,
     seq_key,
 )
+from processors.stored_call import encode_call_body, encode_index, encode_stored_call
 from processors.txn import DeadLetter, FoldResult, Position, StateReader, StateReadError, Txn
-from schemas.codec import decode_event_with_body, encode_event, event_body_bytes
+from schemas.codec import encode_event, event_body_bytes
 from schemas.errors import CodecError, ContractError
 from schemas.ids import validate_model_call_id, validate_rollout_id
 from schemas.records import (
@@ -98,7 +98,7 @@ def fold_raw(state: StateReader, key: bytes | None, value: bytes, *, position: P
     """
     event = None
     try:
-        event, body = decode_event_with_body(value)
+        event, body = decode_for_fold(value)
         _validate(event, key)
     except (CodecError, ContractError) as exc:
         return _refused(state, key, event, value, DeadLetter(type(exc).__name__, str(exc), _safe_key(key)), position)
@@ -264,13 +264,13 @@ def _fold_capture(txn: Txn, event: RolloutEvent, call: CallCaptured, payload: st
 
 
 def _index_call(txn: Txn, call: CallCaptured) -> None:
-    index = txn.get_index(call.continuation_fingerprint)
-    entries = list(index.entries) if index else []
+    key = fingerprint_key(txn.rollout_id, call.continuation_fingerprint)
+    raw = txn.get(key)
+    entries = list(index_codec().decode(raw).entries) if raw is not None else []
     if any(e.call_id == call.model_call_id for e in entries):
         return
     entries.append(FingerprintEntry(call_id=call.model_call_id, cum_len=call.cum_len, digest=call.digest))
-    txn.put(fingerprint_key(txn.rollout_id, call.continuation_fingerprint),
-            index_codec().encode(FingerprintIndex(entries=entries)))
+    txn.put(key, encode_index(FingerprintIndex(entries=entries)))
 
 
 def _fold_incomplete(txn: Txn, event_id: str, marker: CallIncomplete, digest: str) -> None:

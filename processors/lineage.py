@@ -48,10 +48,10 @@ def decide(txn: Txn, call: CallCaptured) -> tuple[CallCaptured, str]:
 def _verify_delta(txn: Txn, call: CallCaptured) -> str:
     assert call.parent_call_id is not None  # record invariant: delta => RESOLVED
     # A call cannot continue itself; its own body may be in the state when its event is redone.
-    parent = txn.call_head(call.parent_call_id) if call.parent_call_id != call.model_call_id else None
+    parent = txn.call_link(call.parent_call_id) if call.parent_call_id != call.model_call_id else None
     if parent is None:
         return f"delta_parent_missing:{call.parent_call_id}"
-    if not delta_link_holds(call, parent.cum_len, parent.digest):
+    if not delta_link_holds(call, *parent):
         return f"delta_parent_mismatch:{call.parent_call_id}"
     return VERIFIED
 
@@ -65,9 +65,9 @@ def _resolve_full(txn: Txn, call: CallCaptured) -> tuple[CallCaptured, str]:
         for entry in index.entries if index else ():
             candidates[entry.call_id] = (entry.cum_len, entry.digest)
     if claimed is not None and claimed not in candidates:
-        parent = txn.call_head(claimed)
+        parent = txn.call_link(claimed)
         if parent is not None:
-            candidates[claimed] = (parent.cum_len, parent.digest)
+            candidates[claimed] = parent
     candidates.pop(call.model_call_id, None)
     verified = {
         call_id: key

@@ -31,15 +31,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from processors.avro_bytes import long_bytes, str_bytes
 from processors.state import (
     RolloutHeader,
     call_key,
     incomplete_codec,
     incomplete_key,
     intent_key,
-    read_stored_call_head,
     seq_key,
 )
+from processors.stored_call import read_stored_call_entry, read_stored_call_head
 from schemas.codec import avro_long, avro_string, decode_snapshot, encode_snapshot
 from schemas.errors import ContractError
 from schemas.kafka.framing import value_limit
@@ -84,10 +85,10 @@ def build_snapshot(state: _Reader, header: RolloutHeader, *, limit: int = MAX_SN
         raw = state.get(call_key(rid, call_id.decode())) if call_id is not None else None
         if raw is None:
             raise StateGone(f"state of rollout {rid!r} has no call seq {seq} (corrupt state)")
-        head = read_stored_call_head(raw)
+        late, note, body = read_stored_call_entry(raw)
         # SnapshotCall: seq (long), late, lineage_note, call -- the call bytes as stored.
-        items.append(avro_long(seq) + (b"\x01" if head.late else b"\x00") + avro_string(head.lineage_note))
-        items.append(head.body)
+        items.append(long_bytes(seq) + (b"\x01" if late else b"\x00") + str_bytes(note))
+        items.append(body)
     markers = []
     for seq in range(header.n_incomplete):
         raw = state.get(incomplete_key(rid, seq))

@@ -23,32 +23,20 @@ the counts kept), and its deletes are redone when it is redelivered.
 
 Hot path: a ``StoredCall`` is the published ``CallCaptured`` body bytes behind
 a small prefix (seq, payload digest, late flag, lineage note, and copies of the
-call's cum_len, digest and continuation fingerprint).
-``encode_stored_call`` writes that prefix by hand and appends the body bytes
-unchanged, and ``read_stored_call_head`` reads the prefix without decoding the
-token arrays; both produce and accept exactly what ``call_codec()`` does (a
-test pins the byte equality), so the state stays plain Avro.
+call's cum_len, digest and continuation fingerprint), written and read by hand
+in ``processors.stored_call``; the header, which every event reads and writes,
+by hand below. Both are exactly what the codecs write (tests pin the byte
+equality), so the state stays plain Avro.
 """
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field, fields
 from functools import cache
-from typing import Any
+from operator import attrgetter
 
-import fastavro
-
-from schemas.codec import (
-    MAGIC,
-    RecordCodec,
-    avro_long,
-    avro_string,
-    read_long,
-    read_string,
-    to_avro,
-    with_nested,
-)
+from processors.avro_bytes import long_bytes, str_bytes
+from schemas.codec import MAGIC, RecordCodec, with_nested
 from schemas.records import CallCaptured, CallIncomplete, RolloutFinished
 
 STATE_SCHEMA_VERSION = 1
@@ -192,53 +180,6 @@ def is_rollout_key(key: bytes, rollout_id: str) -> bool:
     return key[2:] == rid or key[2:].startswith(rid + b"\x00")
 
 
-# ---------------------------------------------------------------- Avro by hand (hot path)
-
-@cache
-def _call_schema() -> dict[str, Any]:
-    # The CallCaptured schema as StoredCall (and Snapshot) embed it: one parse, one source of truth.
-    for f in call_codec().schema["fields"]:
-        if f["name"] == "call":
-            schema: dict[str, Any] = f["type"]
-            return schema
-    raise AssertionError("StoredCall.avsc has no call field")
-
-
-def encode_call_body(call: CallCaptured) -> bytes:
-    """The Avro body bytes of a call (what an event carries after its union branch)."""
-    buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, _call_schema(), to_avro(call))
-    return buf.getvalue()
-
-
-def encode_stored_call(
-    *, seq: int, payload_digest: str, late: bool, lineage_note: str, call: CallCaptured, body: bytes
-) -> bytes:
-    """``call_codec().encode(StoredCall(...))`` without re-encoding ``call``: its ``body`` bytes are appended."""
-    return b"".join((
-        MAGIC, call_codec().fingerprint, avro_long(seq), avro_string(payload_digest), b"\x01" if late else b"\x00",
-        avro_string(lineage_note), avro_long(call.cum_len), avro_string(call.digest),
-        avro_string(call.continuation_fingerprint), body,
-    ))
-
-
-def read_stored_call_head(data: bytes) -> StoredCallHead:
-    """The prefix of a stored call; values from an older writer schema are decoded and re-encoded."""
-    if data[2:_HEADER_LEN] != call_codec().fingerprint:
-        old = call_codec().decode(data)
-        data = encode_stored_call(seq=old.seq, payload_digest=old.payload_digest, late=old.late,
-                                  lineage_note=old.lineage_note, call=old.call, body=encode_call_body(old.call))
-    view = memoryview(data)
-    seq, pos = read_long(view, _HEADER_LEN)
-    payload_digest, pos = read_string(view, pos)
-    late = view[pos] == 1
-    note, pos = read_string(view, pos + 1)
-    cum_len, pos = read_long(view, pos)
-    digest, pos = read_string(view, pos)
-    fingerprint, pos = read_string(view, pos)
-    return StoredCallHead(seq, payload_digest, late, note, cum_len, digest, fingerprint, view[pos:])
-
-
 # ---------------------------------------------------------------- the header by hand (hot path)
 #
 # Every event reads, changes and writes its rollout's header. ``encode_header`` writes what
@@ -253,6 +194,10 @@ _HEADER_SCHEMA_FIELDS = (
     "writes_after_retire", "incomplete_digests", "applied_partition", "applied_offset", "n_started",
 )
 _HEADER_FIELDS = tuple(f.name for f in fields(RolloutHeader))
+_ALL_FIELDS = attrgetter(*_HEADER_FIELDS)
+_FIELD_AT = {name: i for i, name in enumerate(_HEADER_FIELDS)}
+# The slots' own descriptors: they set a field of a new (not yet shared) header despite frozen=True.
+_SLOT_SETTERS = tuple(RolloutHeader.__dict__[name].__set__ for name in _HEADER_FIELDS)
 _MEMO_LIMIT = 4096  # headers remembered; the rollouts in flight on a worker, give or take
 _memo: dict[bytes, RolloutHeader] = {}
 
@@ -274,16 +219,16 @@ def encode_header(header: RolloutHeader) -> bytes:
     if finished is None:
         tail = b"\x00"
     else:
-        tail = b"".join((b"\x02", avro_long(finished.attempt), avro_string(finished.result_json),
+        tail = b"".join((b"\x02", long_bytes(finished.attempt), str_bytes(finished.result_json),
                          _optional_string(finished.final_response_id), _optional_string(finished.final_text)))
     raw = b"".join((
-        MAGIC, header_codec().fingerprint, avro_string(header.rollout_id), avro_long(header.schema_version),
-        avro_long(header.version), avro_long(header.n_calls), avro_long(header.n_incomplete),
-        _strings(header.incomplete_event_ids), avro_long(header.late_writes), b"\x01" if header.frozen else b"\x00",
-        avro_long(header.frozen_version), avro_string(header.snapshot_id), avro_long(header.frozen_at),
+        MAGIC, header_codec().fingerprint, str_bytes(header.rollout_id), long_bytes(header.schema_version),
+        long_bytes(header.version), long_bytes(header.n_calls), long_bytes(header.n_incomplete),
+        _strings(header.incomplete_event_ids), long_bytes(header.late_writes), b"\x01" if header.frozen else b"\x00",
+        long_bytes(header.frozen_version), str_bytes(header.snapshot_id), long_bytes(header.frozen_at),
         _strings(header.finish_event_ids), tail, b"\x01" if header.retired else b"\x00",
-        avro_long(header.writes_after_retire), _strings(header.incomplete_digests), avro_long(header.applied_partition),
-        avro_long(header.applied_offset), avro_long(header.n_started),
+        long_bytes(header.writes_after_retire), _strings(header.incomplete_digests), long_bytes(header.applied_partition),
+        long_bytes(header.applied_offset), long_bytes(header.n_started),
     ))
     _remember(raw, header)
     return raw
@@ -291,12 +236,23 @@ def encode_header(header: RolloutHeader) -> bytes:
 
 def replace_header(header: RolloutHeader, **changes: object) -> RolloutHeader:
     """``dataclasses.replace(header, **changes)`` for the hot path (the same fields, no generic machinery)."""
+    values = list(_ALL_FIELDS(header))
+    for name, value in changes.items():
+        at = _FIELD_AT.get(name)
+        if at is None:
+            raise TypeError(f"RolloutHeader has no field(s) {sorted(set(changes) - set(_FIELD_AT))}")
+        values[at] = value
     new = object.__new__(RolloutHeader)
-    for name in _HEADER_FIELDS:
-        object.__setattr__(new, name, changes.pop(name) if name in changes else getattr(header, name))
-    if changes:
-        raise TypeError(f"RolloutHeader has no field(s) {sorted(changes)}")
+    for set_slot, value in zip(_SLOT_SETTERS, values):
+        set_slot(new, value)
     return new
+
+
+def set_applied(header: RolloutHeader, partition: int, offset: int) -> None:
+    """Record the position that changed the rollout on a header the fold has just built (nothing holds it yet:
+    ``replace_header`` or the constructor made it in this fold); one write where a copy would cost 19."""
+    _SLOT_SETTERS[_FIELD_AT["applied_partition"]](header, partition)
+    _SLOT_SETTERS[_FIELD_AT["applied_offset"]](header, offset)
 
 
 def _remember(raw: bytes, header: RolloutHeader) -> None:
@@ -309,8 +265,8 @@ def _strings(values: list[str]) -> bytes:
     # An Avro array as fastavro writes it: one block of all the items, then the empty block.
     if not values:
         return b"\x00"
-    return b"".join((avro_long(len(values)), *map(avro_string, values), b"\x00"))
+    return b"".join((long_bytes(len(values)), *map(str_bytes, values), b"\x00"))
 
 
 def _optional_string(value: str | None) -> bytes:
-    return b"\x00" if value is None else b"\x02" + avro_string(value)
+    return b"\x00" if value is None else b"\x02" + str_bytes(value)

@@ -22,9 +22,9 @@ from processors.state import (
     fingerprint_key,
     header_key,
     index_codec,
-    read_stored_call_head,
-    replace_header,
+    set_applied,
 )
+from processors.stored_call import read_stored_call_head, read_stored_call_link
 from schemas.errors import TokentrailError
 from schemas.records import Snapshot
 
@@ -82,7 +82,8 @@ class Txn:
         self.result = FoldResult()
         self._writes = self.result.writes
         self.header_first = False  # the commit point comes first for an event that deletes
-        raw = self._read(header_key(rollout_id))
+        self._header_key = header_key(rollout_id)
+        raw = self._read(self._header_key)
         self._original_header = decode_header(raw) if raw is not None else None
         self.header = self._original_header or RolloutHeader(rollout_id=rollout_id)
         h = self.header
@@ -108,6 +109,11 @@ class Txn:
         raw = self.get(call_key(self.rollout_id, call_id))
         return read_stored_call_head(raw) if raw is not None else None
 
+    def call_link(self, call_id: str) -> tuple[int, str] | None:
+        """The stored call's ``(cum_len, digest)``, or None when it has none."""
+        raw = self.get(call_key(self.rollout_id, call_id))
+        return read_stored_call_link(raw) if raw is not None else None
+
     def get_index(self, fingerprint: str) -> FingerprintIndex | None:
         raw = self.get(fingerprint_key(self.rollout_id, fingerprint))
         return index_codec().decode(raw) if raw is not None else None
@@ -116,21 +122,22 @@ class Txn:
         self.result.emitted.append(build_snapshot(self, header))
 
     def commit(self) -> FoldResult:
-        if self.header != self._original_header:
+        if self.header is not self._original_header and self.header != self._original_header:
             if self.position is not None:
-                self.header = replace_header(
-                    self.header, applied_partition=self.position[0], applied_offset=self.position[1]
-                )
+                # The fold only ever assigns ``header`` a header it has just built (replace_header, or the
+                # constructor), so this one is new and unshared: it takes the position in place.
+                set_applied(self.header, *self.position)
             encoded = encode_header(self.header)
-            self._writes.pop(header_key(self.rollout_id), None)
+            key = self._header_key
+            self._writes.pop(key, None)
             if self.header_first:
                 rest = dict(self._writes)
                 self._writes.clear()
-                self._writes[header_key(self.rollout_id)] = encoded
+                self._writes[key] = encoded
                 self._writes.update(rest)
             else:
                 # Last, so that a crash between writes leaves a detectable, redoable body.
-                self._writes[header_key(self.rollout_id)] = encoded
+                self._writes[key] = encoded
         return self.result
 
 

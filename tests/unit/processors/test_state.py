@@ -12,23 +12,27 @@ from fastavro.schema import to_parsing_canonical_form
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from processors.avro_bytes import long_bytes, read_long, read_str, str_bytes
 from processors.state import (
     FingerprintEntry,
     FingerprintIndex,
     RolloutHeader,
     StoredCall,
     StoredIncomplete,
-    avro_long,
     call_codec,
-    encode_call_body,
-    encode_stored_call,
     header_codec,
     incomplete_codec,
     index_codec,
-    read_long,
-    read_stored_call_head,
 )
-from schemas.codec import MAGIC, _fingerprint_of, event_codec, snapshot_codec, to_avro
+from processors.stored_call import (
+    encode_call_body,
+    encode_index,
+    encode_stored_call,
+    read_stored_call_entry,
+    read_stored_call_head,
+    read_stored_call_link,
+)
+from schemas.codec import MAGIC, _fingerprint_of, avro_long, avro_string, event_codec, snapshot_codec, to_avro
 from schemas.errors import CodecError
 from schemas.records import CallIncomplete
 from tests.factories import make_call
@@ -39,8 +43,25 @@ from tests.factories import make_call
 def test_avro_long_is_zigzag_varint(n):
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, "long", n)
-    assert avro_long(n) == buf.getvalue()
+    assert avro_long(n) == long_bytes(n) == buf.getvalue()
     assert read_long(avro_long(n), 0) == (n, len(avro_long(n)))
+
+
+def test_the_hand_primitives_are_the_codecs_over_their_whole_table_and_beyond_it():
+    for n in range(-200, 20_000):
+        raw = avro_long(n)
+        assert long_bytes(n) == raw and read_long(raw + b"\x00", 0) == (n, len(raw))
+    for text in ("", "a", "é" * 40, "x" * 70, "y" * 9000):
+        raw = avro_string(text)
+        assert str_bytes(text) == raw and read_str(raw + b"\x01", 0) == (text, len(raw))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=40), st.integers(-(2**63), 2**63 - 1), st.text(max_size=70)), max_size=4))
+def test_a_fingerprint_index_is_exactly_what_the_codec_writes(entries):
+    index = FingerprintIndex(entries=[FingerprintEntry(call_id=c, cum_len=n, digest=d) for c, n, d in entries])
+    assert encode_index(index) == index_codec().encode(index)
+    assert index_codec().decode(encode_index(index)) == index
 
 
 @settings(max_examples=100, deadline=None)
@@ -57,6 +78,9 @@ def test_a_stored_call_is_exactly_what_the_codec_writes_and_its_head_reads_back(
     assert (head.seq, head.late, head.lineage_note, head.cum_len, head.digest, head.continuation_fingerprint) == (
         seq, late, note, call.cum_len, call.digest, fingerprint)
     assert bytes(head.body) == encode_call_body(call)
+    assert read_stored_call_link(fast) == (call.cum_len, call.digest)
+    late_read, note_read, body = read_stored_call_entry(fast)
+    assert (late_read, note_read, bytes(body)) == (late, note, encode_call_body(call))
 
 
 def _older_stored_call_schemas() -> list:
@@ -81,6 +105,8 @@ def test_a_stored_call_from_an_older_writer_schema_still_reads(old_schema):
     head = read_stored_call_head(data)
     assert (head.seq, head.late, head.cum_len, head.digest, head.continuation_fingerprint) == (
         3, True, call.cum_len, call.digest, "fp-old")
+    assert read_stored_call_link(data) == (call.cum_len, call.digest)
+    assert read_stored_call_entry(data)[:2] == (True, "verified")
     assert call_codec().decode(data).call == call
 
 
