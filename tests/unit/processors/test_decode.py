@@ -9,6 +9,7 @@ taken for ordinary captures, or these tests would compare the full decode with i
 from __future__ import annotations
 
 import io
+import re
 
 import fastavro
 import pytest
@@ -29,8 +30,8 @@ def outcome(decoder, value):
     """What a decoder makes of ``value``, comparable across decoders (token views and lists alike)."""
     try:
         ev, body = decoder(value)
-    except Exception as exc:
-        return ("error", type(exc).__name__, str(exc))
+    except Exception as exc:  # fastavro's messages name its stream object by address: not the decoder's choice
+        return ("error", type(exc).__name__, re.sub(r" at 0x[0-9a-f]+", " at 0x...", str(exc)))
     return ("event", type(ev.body).__name__, repr(to_avro(ev)), bytes(body))
 
 
