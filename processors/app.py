@@ -1,14 +1,27 @@
-"""The thin Faust shell around the pure fold: decode, fold, store, emit.
+"""The thin Faust shell around the pure fold: decode, fold, store, emit, in batches.
+
+Faust keeps the consumer group, the assignment, fetching, offset commits,
+flow control around rebalances and the table (RocksDB, recovered from its
+changelog). The rollout events themselves do not go through Faust's
+per-record stream: the consumer's drain loop hands each fetch's rollout
+events over as one batch (``processors.intake``), and the fold agent folds a
+batch at a time (``processors.fold_loop``): one RocksDB write per partition,
+its changelog records produced as record batches, one acker entry.
 
 Guarantees, and the Faust behaviour each one rests on:
 
 - At-least-once, in order, never ahead of the changelog. Faust runs
   ``at_least_once`` (its exactly-once mode has open duplicate and rebalance
   bugs). The agent produces its table's changelog records itself, acks events
-  by hand, in order, each once Kafka has acknowledged them, and admits each
-  partition's events only without holes (``processors.delivery``: Faust's own
+  by hand, in order, each batch once Kafka has acknowledged its changelog
+  records and outputs, and admits each partition's events only without holes
+  (``processors.delivery``, ``processors.guard``: Faust's own
   flush-before-commit can commit past records it never sent, and around a
-  rebalance its stream can drop fetched events). Redelivered events are
+  rebalance its stream can drop fetched events). A batch's messages are
+  tracked as unacked when the agent takes them, so a rebalance waits for
+  their acks, as it waits for a stream's; a batch fetched under an earlier
+  consumer generation, or taken while flow is suspended, is dropped unacked
+  and fetched again. Redelivered events are
   recognised by their (partition, offset) against the position stored in the
   rollout's header (``processors.fold``), so they change nothing.
 - Outputs before progress of their rollout. A snapshot or dead letter is
@@ -43,20 +56,17 @@ import asyncio
 import logging
 import os
 import shutil
-import time
-from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import faust
-from faust.types import RecordMetadata
 
-from processors.delivery import DirectChangelogTable, OffsetGuard, OrderedAcker
-from processors.fold import fold_raw
+from processors.delivery import DirectChangelogTable, OrderedAcker
+from processors.fold_loop import FoldLoop
+from processors.guard import OffsetGuard
+from processors.intake import Intake
 from processors.settings import ProcessorSettings
-from schemas.kafka.framing import deadletter_headers
 from schemas.kafka.topics import MAX_MESSAGE_BYTES, wait_for_topics
-from schemas.stage_log import STAGES
 
 log = logging.getLogger("tokentrail.processor")
 
@@ -71,6 +81,7 @@ class ProcessorApp(faust.App):
     acker: OrderedAcker | None = None
     fetch_wait_ms = 1500  # the longest fetch long-poll (ProcessorSettings.fetch_wait_ms)
     tokentrail_table: DirectChangelogTable  # the fold's state table (create_app sets it)
+    intake: Intake  # rollout-events batches for the fold agent (create_app sets it)
 
     def _new_consumer(self) -> Any:
         consumer: Any = super()._new_consumer()  # patched through private names below
@@ -79,6 +90,7 @@ class ProcessorApp(faust.App):
             return None  # rollout-events is neither compacted nor transactional: a jump is a hole, not a gap
 
         consumer._add_gap = no_gaps  # see processors.delivery
+        self.intake.install(consumer)  # rollout-events in batches, not through the stream (processors.intake)
         # faust builds its aiokafka consumer with fetch_max_wait_ms=1500, and aiokafka sends no fetch to a
         # broker that has one in flight: a partition whose records were still buffered when the long poll
         # went out is fetched again only when that poll returns, so its next event could wait 1.5 s.
@@ -99,28 +111,6 @@ class ProcessorApp(faust.App):
         # returned with every event acked, every local write is also in the changelog.
         await super().on_stop()
         self.stopped_cleanly = self.acker is None or self.acker.idle
-
-
-class FoldCount:
-    """Events this worker folded, logged ("folded N events") at most once a second and at stop.
-
-    Per-worker throughput from the worker's own log (``tokentrail bench scaleout``); a worker
-    killed with -9 has logged all but its last second. Redelivered events count: they were folded.
-    """
-
-    __slots__ = ("n", "_next")
-
-    def __init__(self) -> None:
-        self.n, self._next = 0, time.monotonic() + 1.0
-
-    def add(self) -> None:
-        self.n += 1
-        if time.monotonic() >= self._next:
-            self.log()
-
-    def log(self) -> None:
-        self._next = time.monotonic() + 1.0
-        log.info("folded %d events", self.n)
 
 
 def create_app(settings: ProcessorSettings) -> ProcessorApp:
@@ -162,43 +152,24 @@ def create_app(settings: ProcessorSettings) -> ProcessorApp:
     table.key_serializer = "raw"
     table.value_serializer = "raw"
 
+    intake = app.intake = Intake(app, settings.topics.rollout_events)
+
     @app.agent(events, name="fold")
     async def fold_agent(stream: faust.StreamT[bytes]) -> None:
         acker = app.acker = OrderedAcker(app, table)
         guard = OffsetGuard(app, settings.topics.rollout_events, reseek_s=settings.hole_check_interval_s)
+        loop = FoldLoop(table, acker, guard, snapshots, deadletter)
         acker.start()
         guard.start()
-        fold_count = FoldCount()
+        batches = asyncio.ensure_future(_fold_batches(intake, loop))
         try:
+            # The stream subscribes the topic. With the intake's drain installed (a worker), Faust delivers
+            # nothing through it; without (agent.test_context()), every event, folded as a batch of one.
             async for event in cast("faust.Stream[bytes]", stream).noack().events():
-                fetched = time.time() if STAGES.on else 0.0
-                message = event.message
-                if not await guard.admit(event):
-                    continue
-                await acker.settle(event.key)
-                result = fold_raw(table.reader(message.partition), event.key, event.value,
-                                  position=(message.partition, message.offset))
-                fold_count.add()
-                # Local writes first (one RocksDB batch), none awaited; then their changelog records, in order.
-                records = table.write(message.partition, result.writes)
-                folded = time.time() if STAGES.on else 0.0
-                changelog = await table.produce_changelog(records)
-                outputs: list[Awaitable[RecordMetadata]] = []
-                for snapshot in result.emitted:
-                    outputs.append(await snapshots.send(key=event.key, value=snapshot.data))
-                if STAGES.on and result.emitted:
-                    _mark_stages(event, (fetched, folded), changelog, outputs)
-                for dead in result.deadletters:
-                    outputs.append(await deadletter.send(
-                        key=event.key, value=event.value,
-                        headers=deadletter_headers(dead.reason, dead.detail, message.topic, message.partition,
-                                                   message.offset),
-                    ))
-                    log.warning("dead letter %s at %s[%d]@%d: %s", dead.reason, message.topic, message.partition,
-                                message.offset, dead.detail)
-                await acker.submit(event, changelog, outputs)
+                await loop.fold(intake.admit([event.message]))
         finally:
-            fold_count.log()
+            batches.cancel()
+            loop.count.log()
             guard.stop()
             acker.stop()
 
@@ -206,22 +177,10 @@ def create_app(settings: ProcessorSettings) -> ProcessorApp:
     return app
 
 
-def _mark_stages(event: Any, times: tuple[float, float], changelog: Sequence[Awaitable[RecordMetadata]],
-                 snapshots: Sequence[Awaitable[RecordMetadata]]) -> None:
-    """Stage marks of an event that emitted a snapshot (a finish), for ``tokentrail bench e2e``."""
-    key, sent = event.key, time.time()
-    STAGES.mark(key, "finish.record", event.message.timestamp)
-    STAGES.mark(key, "proc.fetched", times[0])
-    STAGES.mark(key, "proc.folded", times[1])
-    STAGES.mark(key, "proc.sent", sent)  # changelog and snapshot handed to the producer (sends only enqueue)
-    for futures, stage in ((changelog, "proc.changelog_acked"), (snapshots, "proc.snapshot_acked")):
-        if futures:
-            last = cast("asyncio.Future[RecordMetadata]", futures[-1])  # faust's sends return futures
-
-            def mark(_f: object, stage: str = stage) -> None:
-                STAGES.mark(key, stage)
-
-            last.add_done_callback(mark)
+async def _fold_batches(intake: Intake, loop: FoldLoop) -> None:
+    """Fold what the intake's drain loop fetched, batch after batch."""
+    while True:
+        await loop.fold(await intake.take())
 
 
 def required_topics(settings: ProcessorSettings) -> list[str]:

@@ -1,6 +1,6 @@
 """What the Faust shell needs beyond Faust to be at-least-once and in order (used by ``processors.app``).
 
-Three gaps in faust-streaming 0.15.3, each seen in this project's worker tests:
+Gaps in faust-streaming 0.15.3, each seen in this project's worker tests:
 
 - Commits ahead of the changelog. Faust writes a table key to RocksDB at once
   and hands its changelog record to a send buffer; before committing source
@@ -8,18 +8,14 @@ Three gaps in faust-streaming 0.15.3, each seen in this project's worker tests:
   records still queued, so under load an event whose changelog records Kafka
   never got can be committed (and a crash then loses them). ``DirectChangelogTable``
   keeps Faust's table (local RocksDB, recovery from the changelog on
-  assignment) but collects each write's changelog record for the agent to
-  produce itself; ``OrderedAcker`` acks events (the stream runs ``noack``) in
-  processing order, each once Kafka has its changelog records and outputs.
-  It is also the faster path: Faust's per-record buffer, future and
-  persisted-offset write were most of a busy worker's time.
-- Holes after a rebalance. Around recovery, Faust's stream drops some fetched
-  events (flow suspended, or a generation check) without processing or acking
-  them, and its fetcher has moved past them; later events of the partition
-  are processed, so a rollout silently misses a call. ``OffsetGuard`` admits
-  each partition's events only in offset order from the committed offset and,
-  on a hole, seeks the consumer back to it and lets nothing past it through;
-  a watch finds holes at a partition's tail once the stream is quiet.
+  assignment) but lets the agent write a batch of events' state itself
+  (``StateBatch``: one RocksDB write per partition) and produce its changelog
+  records itself (one record per write, in write order, built into record
+  batches without a future or an await per record); ``OrderedAcker`` acks
+  events (nothing is acked by Faust) in processing order, each batch once
+  Kafka has its changelog records and outputs.
+- Holes after a rebalance (``processors.guard``) and per-record delivery
+  (``processors.intake``).
 - Commits over holes. Faust treats jumps in fetched offsets as gaps to commit
   over (meant for compacted or transactional topics); rollout-events is
   neither, so ``ProcessorApp`` switches that off.
@@ -29,8 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import faust
@@ -40,32 +36,90 @@ from faust.types import TP, RecordMetadata
 
 if TYPE_CHECKING:
     from faust.stores.rocksdb import Store as RocksDBStore
-    from faust.transport.consumer import Consumer
-
-# A changelog record's send: faust types it Awaitable[RecordMetadata]; its producer's send returns a Future.
-Sent = asyncio.Future[RecordMetadata]
 
 log = logging.getLogger("tokentrail.processor")
 
 # Every private faust name this shell relies on, as (class, attribute), for the pinned
 # faust-streaming 0.15.3: private names change without notice, so
 # tests/unit/processors/test_faust_private.py proves the pinned faust still has each and that
-# processors.app / processors.delivery touch no private faust name missing from this list.
+# the shell's modules touch no private faust name missing from this list.
 FAUST_PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("faust.App", "_new_consumer"),  # ProcessorApp overrides it to patch each consumer it makes
     ("faust.transport.consumer.Consumer", "_add_gap"),  # replaced: rollout-events has holes, never gaps
     ("faust.transport.consumer.Consumer", "_unacked_messages"),  # OffsetGuard releases a rewound message
     ("faust.transport.consumer.Consumer", "_committed_offset"),  # where OffsetGuard resumes a partition
+    # processors.intake's drain loop is faust's own, but for how it hands rollout-events over
+    ("faust.transport.consumer.Consumer", "_drain_messages"),
+    ("faust.transport.consumer.Consumer", "_read_offset"),
+    ("faust.transport.consumer.Consumer", "_commit_every"),
+    ("faust.transport.consumer.Consumer", "_n_acked"),
     # ProcessorApp lowers the fetch long-poll faust hard-codes (1500 ms) on the aiokafka consumer it builds
     ("faust.transport.drivers.aiokafka.Consumer", "_thread"),
     ("faust.transport.drivers.aiokafka.AIOKafkaConsumerThread", "_create_worker_consumer"),
     ("aiokafka.AIOKafkaConsumer", "_fetch_max_wait_ms"),
     ("faust.stores.rocksdb.Store", "_db_for_partition"),  # DirectChangelogTable reads and writes it directly
+    # the aiokafka producer under faust's, for its public create_batch/send_batch (changelog record batches)
+    ("faust.transport.drivers.aiokafka.Producer", "_producer"),
 )
+
+Record = tuple[bytes, bytes | None]  # a state write: key, value (None deletes)
+
+
+class StateBatch:
+    """The writes of a batch of events to one partition's state, readable back before they are applied.
+
+    A ``StateReader`` for the fold (``get`` sees the batch's own writes first, then RocksDB), and the
+    batch's changelog records in write order.
+    ``apply`` takes one event's writes: the same local bytes and changelog records as ``table[key] =
+    value`` per write and ``del table[key]`` per delete of a key that exists (an absent key is neither
+    deleted nor logged), with one RocksDB write for the whole batch (``write``).
+    """
+
+    __slots__ = ("partition", "records", "pending", "_db", "_batch")
+
+    def __init__(self, partition: int, db: Any) -> None:
+        self.partition, self._db = partition, db
+        self.pending: dict[bytes, bytes | None] = {}
+        self._batch = rocksdict.WriteBatch(raw_mode=True)
+        self.records: list[Record] = []
+
+    def get(self, key: bytes) -> bytes | None:
+        pending = self.pending
+        if key in pending:
+            return pending[key]
+        value: bytes | None = self._db.get(key)
+        return value
+
+    def write(self) -> None:
+        """Apply the batch's writes to the partition's RocksDB, in one write."""
+        if self.records:
+            self._db.write(self._batch)
+
+    def apply(self, writes: Mapping[bytes, bytes | None]) -> None:
+        for key, value in writes.items():
+            if type(key) is not bytes:
+                raise TypeError(f"the state table takes raw bytes keys, written from the agent only (got {key!r})")
+            if value is None:
+                if self.get(key) is None:
+                    continue
+                self._batch.delete(key)
+            else:
+                self._batch.put(key, value)
+            self.pending[key] = value
+            self.records.append((key, value))
+
+
+@dataclass(frozen=True, slots=True)
+class ChangelogSend:
+    """One changelog record batch handed to the producer: its partition, size and acknowledgement."""
+
+    partition: int
+    records: int
+    future: asyncio.Future[RecordMetadata]  # resolves with the batch's base offset once Kafka has it
 
 
 class DirectChangelogTable(Table[bytes, bytes]):
-    """A faust Table whose changelog records are collected for the caller to produce."""
+    """A faust Table whose state the agent writes in batches, and whose changelog it produces itself."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -84,6 +138,7 @@ class DirectChangelogTable(Table[bytes, bytes]):
         return partition
 
     def take_changelog(self) -> list[tuple[int, bytes, bytes | None]]:
+        """Records of writes made through Faust's own ``table[key] = value`` (the agent makes none)."""
         records, self._records = self._records, []
         return records
 
@@ -95,50 +150,62 @@ class DirectChangelogTable(Table[bytes, bytes]):
         """
         return cast("RocksDBStore", self.data)._db_for_partition(partition)  # the app's store is rocksdb://
 
+    def batch(self, partition: int) -> StateBatch:
+        """A batch of writes to the partition's state (see ``StateBatch``)."""
+        return StateBatch(partition, self.reader(partition))
+
+    def commit(self, batch: StateBatch) -> None:
+        """Apply the batch's writes to the partition's RocksDB, in one write."""
+        batch.write()
+
     def write(self, partition: int, writes: Mapping[bytes, bytes | None]) -> list[tuple[int, bytes, bytes | None]]:
-        """Apply one event's writes to the partition's RocksDB as one batch; their changelog records, in order.
+        """One event's writes as a batch of its own (applied at once); its changelog records, in order."""
+        batch = self.batch(partition)
+        batch.apply(writes)
+        self.commit(batch)
+        return [(partition, key, value) for key, value in batch.records]
 
-        The same local bytes and changelog records as ``table[key] = value`` for each write and
-        ``del table[key]`` for each delete of a key that exists (an absent key is neither deleted nor
-        logged), in one RocksDB write instead of one per key. Keys are raw bytes, as the agent writes them.
-        """
-        db = cast("RocksDBStore", self.data)._db_for_partition(partition)  # the app's store is rocksdb://
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        records: list[tuple[int, bytes, bytes | None]] = []
-        for key, value in writes.items():
-            if not isinstance(key, bytes):
-                raise TypeError(f"{self.name} takes raw bytes keys, written from the agent only")
-            if value is None:
-                if db.get(key) is None:
-                    continue
-                batch.delete(key)
-            else:
-                batch.put(key, value)
-            records.append((partition, key, value))
-        if records:
-            db.write(batch)
-        return records
-
-    async def produce_changelog(self, records: list[tuple[int, bytes, bytes | None]]) -> list[Sent]:
-        """Hand the records to the producer in order; the futures resolve when Kafka has them."""
+    async def produce_changelog(self, batches: Sequence[StateBatch]) -> list[ChangelogSend]:
+        """Hand the batches' records to the producer, in order: a record batch per partition (more past
+        the producer's batch size), no per-record future or await. Each send resolves once Kafka has it."""
+        producer = self.app.producer._producer  # type: ignore[attr-defined]  # faust's aiokafka producer
         topic = self.changelog_topic.get_topic_name()
-        send = self.app.producer.send
-        return cast("list[Sent]", [await send(topic, key, value, partition, None, None)
-                                   for partition, key, value in records])
+        sends: list[ChangelogSend] = []
 
-    def mark_persisted(self, futures: list[Sent]) -> None:
+        async def send(builder: Any, partition: int) -> None:
+            builder.close()  # complete: sent without lingering
+            future = await producer.send_batch(builder, topic, partition=partition)
+            sends.append(ChangelogSend(partition, builder.record_count(), future))
+
+        for batch in batches:
+            if not batch.records:
+                continue
+            builder = producer.create_batch()
+            for key, value in batch.records:
+                if builder.append(key=key, value=value, timestamp=None) is None:  # full: the next one
+                    await send(builder, batch.partition)
+                    builder = producer.create_batch()
+                    builder.append(key=key, value=value, timestamp=None)  # a batch's first record always fits
+            await send(builder, batch.partition)
+        return sends
+
+    def mark_persisted(self, sends: Sequence[ChangelogSend]) -> None:
         """Remember the changelog offsets Kafka acknowledged, so a clean restart recovers from there."""
         last: dict[int, int] = {}
-        for fut in futures:
-            meta = fut.result()
-            last[meta.partition] = max(meta.offset, last.get(meta.partition, -1))
+        for send in sends:
+            meta = send.future.result()
+            last[send.partition] = max(meta.offset + send.records - 1, last.get(send.partition, -1))
         topic = self.changelog_topic.get_topic_name()
         for partition, offset in last.items():
             self.data.set_persisted_offset(TP(topic, partition), offset)
 
 
+# A batch in the acker: its messages, its changelog sends, and its events' outputs by key.
+_Entry = tuple[list[Any], list["ChangelogSend"], list[tuple[bytes | None, list[Awaitable[Any]]]]]
+
+
 class OrderedAcker:
-    """Acks events in the order they were processed, each once all it sent is acknowledged by Kafka.
+    """Acks batches of events in the order they were processed, each once Kafka has all it sent.
 
     Outputs (snapshots, dead letters) are also tracked per record key, which is
     the rollout: ``settle`` waits for a rollout's outputs before the agent folds
@@ -147,13 +214,16 @@ class OrderedAcker:
     snapshot), while other rollouts go on.
     """
 
-    def __init__(self, app: faust.App, table: DirectChangelogTable, limit: int = 2000) -> None:
+    def __init__(self, app: faust.App, table: DirectChangelogTable, limit: int = 64,
+                 ack: Callable[[Any], object] | None = None) -> None:
         self._app, self._table = app, table
-        # bounds the events in flight
-        self._queue: asyncio.Queue[tuple[Any, list[Sent], list[Awaitable[Any]]]] = asyncio.Queue(limit)
+        # bounds the batches in flight
+        self._queue: asyncio.Queue[_Entry] = asyncio.Queue(limit)
         self._task: asyncio.Task[None] | None = None
         self._outputs: dict[bytes | None, list[Awaitable[Any]]] = {}
         self._in_flight = 0
+        # The consumer's own ack (what a message's ack ends in: this agent is its only reader).
+        self._ack = ack if ack is not None else (lambda message: app.consumer.ack(message))
 
     @property
     def idle(self) -> bool:
@@ -167,148 +237,46 @@ class OrderedAcker:
         if self._task is not None:
             self._task.cancel()
 
+    def owes(self, key: bytes | None) -> bool:
+        """Whether this key has outputs not yet known to be acknowledged (``settle`` would wait)."""
+        return key in self._outputs
+
     async def settle(self, key: bytes | None) -> None:
         """Wait until the outputs of this key's earlier events are acknowledged."""
         for fut in self._outputs.pop(key, ()):
             await fut
 
-    async def submit(self, event: Any, changelog: list[Sent], outputs: list[Awaitable[Any]]) -> None:
+    def outputs(self, key: bytes | None, outputs: list[Awaitable[Any]]) -> None:
+        """Note an event's outputs (sent), for ``settle`` of its key's next event."""
+        self._outputs[key] = outputs
+
+    async def submit(self, messages: list[Any], changelog: list[ChangelogSend],
+                     outputs: list[tuple[bytes | None, list[Awaitable[Any]]]]) -> None:
+        """Ack ``messages`` (in order) once ``changelog`` and ``outputs`` (per event key, as noted with
+        ``outputs``) are acknowledged, and after every batch submitted before."""
         if self._task is not None and self._task.done():
             self._task.result()  # a write failed: stop here, the events come again
-        if outputs:
-            self._outputs[event.key] = outputs
-        self._in_flight += 1
-        await self._queue.put((event, changelog, outputs))
+        self._in_flight += len(messages)
+        await self._queue.put((messages, changelog, outputs))
 
     async def _run(self) -> None:
         while True:
-            event, changelog, outputs = await self._queue.get()
+            messages, changelog, outputs = await self._queue.get()
             try:
-                for fut in (*changelog, *outputs):
-                    await fut
+                for send in changelog:
+                    await send.future
+                for _, futures in outputs:
+                    for fut in futures:
+                        await fut
             except Exception as exc:
                 log.error("Kafka did not acknowledge a write (%r): stopping, the events are redelivered", exc)
                 await self._app.crash(exc)
                 raise
-            self._table.mark_persisted(changelog)
-            if outputs and self._outputs.get(event.key) is outputs:
-                del self._outputs[event.key]
-            event.ack()
-            self._in_flight -= 1
-
-
-class OffsetGuard:
-    """Admits each partition's events in offset order without holes; rewinds the consumer over holes.
-
-    After a rebalance (a new consumer generation) a partition restarts at its
-    committed offset, so that is the first offset expected; an event beyond the
-    expected offset means Faust dropped the ones between: the consumer is sought
-    back to the hole and nothing of that partition is admitted until the hole's
-    first event arrives. An event below it is a redelivery, which the fold
-    recognises and turns into a no-op. The log start moving past the committed
-    offset (retention) is not a hole. Nothing past a hole is ever acked, so
-    commits never pass it either: a hole costs time, never an event.
-
-    A watch task repeats the seeks once a second (records Faust had already
-    fetched keep arriving after a seek, each moving its read offset forward,
-    past which it would drop the re-fetched hole) and, while the stream is
-    quiet, rewinds any partition whose log end is beyond what was admitted: a
-    hole at the tail has no later event to reveal it.
-
-    Every seek goes through the consumer thread (``seek_wait``, as Faust's own
-    recovery does). Faust's ``Consumer.seek`` changes aiokafka's fetcher from
-    the event loop's thread while the consumer thread works on it; repeated,
-    that crashed the fetcher (``KeyError`` in ``fetched_records``) or left a
-    worker's table recovery waiting forever for changelog records it never
-    fetched. The watch also stands still while a rebalance or recovery is under
-    way (the stream is paused, so quiet says nothing, and every partition
-    restarts at its committed offset afterwards) and, after one, starts over
-    from the new generation's committed offsets.
-    """
-
-    def __init__(self, app: faust.App, topic: str, reseek_s: float = 1.0) -> None:
-        self._app, self._topic = app, topic
-        self._generation: int | None = None
-        self._next: dict[TP, int] = {}
-        self._rewinding: dict[TP, int] = {}
-        self._reseek_s = reseek_s
-        self._last_event = time.monotonic()
-        self._task: asyncio.Task[None] | None = None
-        self.rewinds = 0
-
-    def start(self) -> None:
-        self._task = asyncio.ensure_future(self._watch())
-
-    def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-    async def admit(self, event: Any) -> bool:
-        message = event.message
-        if not message.generation_id:
-            return True  # not from a consumer group (agent test context)
-        self._last_event = time.monotonic()
-        if message.generation_id != self._generation:
-            self._generation = message.generation_id
-            self._next.clear()
-            self._rewinding.clear()
-        tp, offset = message.tp, message.offset
-        expected = self._expected(tp)
-        if offset > expected and tp not in self._rewinding:
-            earliest = (await self._app.consumer.earliest_offsets(tp)).get(tp, 0)
-            expected = max(expected, earliest)
-            if offset > expected:
-                self._rewind(tp, expected, f"the stream skipped offsets {expected}..{offset - 1}")
-        if offset > expected:
-            # Not acked: its offset must not become committable. Released first, so a rebalance (which
-            # waits for unacked messages) never waits on the seek, which needs the consumer thread.
-            message.acked = True
-            cast("Consumer", self._app.consumer)._unacked_messages.discard(message)
-            await self._seek(tp, expected)
-            return False
-        self._rewinding.pop(tp, None)
-        self._next[tp] = max(expected, offset + 1)
-        return True
-
-    def _expected(self, tp: TP) -> int:
-        """The next offset this partition owes: where it left off, else its committed offset."""
-        if tp in self._next:
-            return self._next[tp]
-        return cast("Consumer", self._app.consumer)._committed_offset.get(tp) or 0
-
-    def _rewind(self, tp: TP, offset: int, why: str) -> None:
-        log.warning("partition %s: %s; rewinding to %d", tp.partition, why, offset)
-        self.rewinds += 1
-        self._rewinding[tp] = self._next[tp] = offset
-
-    async def _watch(self) -> None:
-        while True:
-            await asyncio.sleep(self._reseek_s)
-            try:
-                await self._check()
-            except Exception as exc:  # e.g. no consumer during a rebalance: the next round retries
-                log.warning("offset guard: %r", exc)
-
-    async def _seek(self, tp: TP, offset: int) -> None:
-        await self._app.consumer.seek_wait({tp: offset})  # in the consumer's own thread
-
-    async def _check(self) -> None:
-        app = self._app
-        if app.rebalancing or app.in_recovery:
-            return
-        if app.consumer_generation_id != self._generation:
-            # A rebalance ended: what this guard knew was for the previous generation. The stream
-            # restarts at the committed offsets; give the first fetch a round before the tail check.
-            self._generation = app.consumer_generation_id
-            self._next.clear()
-            self._rewinding.clear()
-            self._last_event = time.monotonic()
-            return
-        consumer = app.consumer
-        if time.monotonic() - self._last_event >= self._reseek_s:
-            for tp in consumer.assignment():
-                end = consumer.highwater(tp) if tp.topic == self._topic else None
-                if end is not None and tp not in self._rewinding and end > self._expected(tp):
-                    self._rewind(tp, self._expected(tp), f"the stream stopped below the log end {end}")
-        for tp, offset in list(self._rewinding.items()):
-            await self._seek(tp, offset)
+            if changelog:
+                self._table.mark_persisted(changelog)
+            for key, futures in outputs:
+                if self._outputs.get(key) is futures:
+                    del self._outputs[key]
+            for message in messages:
+                self._ack(message)
+            self._in_flight -= len(messages)

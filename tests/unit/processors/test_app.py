@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from processors.app import claim_local_state, create_app, release_local_state
+from processors.delivery import ChangelogSend
 from processors.settings import ProcessorSettings
 from processors.state import header_codec, header_key
 from schemas.codec import decode_snapshot, encode_event
@@ -40,9 +41,12 @@ async def test_fold_agent_stores_raw_avro_state_in_rocksdb_and_emits_snapshots(a
         sent.append((self.get_topic_name(), key, value))
         return acked()
 
-    async def fake_produce(records):
-        changelog.extend(records)
-        return [acked() for _ in records]
+    async def fake_produce(batches):
+        sends = []
+        for batch in batches:
+            changelog.extend((batch.partition, key, value) for key, value in batch.records)
+            sends.append(ChangelogSend(batch.partition, len(batch.records), acked()))
+        return sends
 
     monkeypatch.setattr(type(app.topic("x")), "send", fake_send)
     monkeypatch.setattr(app.tokentrail_table, "produce_changelog", fake_produce)
@@ -103,9 +107,9 @@ async def test_an_event_is_acked_only_once_kafka_has_its_changelog_records_and_o
         snapshot_acks.append(loop.create_future())
         return snapshot_acks[-1]
 
-    async def fake_produce(records):
-        produced.append([loop.create_future() for _ in records])
-        return produced[-1]
+    async def fake_produce(batches):
+        produced.append([loop.create_future() for batch in batches for _ in batch.records])
+        return [ChangelogSend(0, 1, future) for future in produced[-1]]
 
     monkeypatch.setattr(type(app.topic("x")), "send", fake_send)
     table = app.tokentrail_table

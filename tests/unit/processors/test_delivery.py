@@ -10,7 +10,8 @@ import pytest
 from faust.types import TP
 
 from processors.app import create_app
-from processors.delivery import OffsetGuard, OrderedAcker
+from processors.delivery import ChangelogSend, OrderedAcker
+from processors.guard import OffsetGuard
 from processors.settings import ProcessorSettings
 
 EVENTS = TP("rollout-events", 0)
@@ -22,16 +23,11 @@ class FakeMessage:
     offset: int
     generation_id: int = 1
     acked: bool = False
-
-
-@dataclass
-class FakeEvent:
-    message: FakeMessage
     key: bytes = b"r"
     acks: list = field(default_factory=list)
 
-    def ack(self) -> None:
-        self.acks.append(self.message.offset)
+    def ack(self, consumer) -> None:
+        self.acks.append(self.offset)
 
 
 class FakeConsumer:
@@ -61,8 +57,12 @@ def fake_app(consumer: FakeConsumer, generation: int = 1) -> SimpleNamespace:
                            in_recovery=False)
 
 
-def event(offset: int, generation: int = 1) -> FakeEvent:
-    return FakeEvent(FakeMessage(EVENTS, offset, generation))
+def event(offset: int, generation: int = 1) -> FakeMessage:
+    return FakeMessage(EVENTS, offset, generation)
+
+
+def sent(future, partition: int = 0, records: int = 1) -> ChangelogSend:
+    return ChangelogSend(partition, records, future)
 
 
 async def test_the_guard_admits_offsets_in_order_and_rewinds_over_a_hole():
@@ -73,7 +73,7 @@ async def test_the_guard_admits_offsets_in_order_and_rewinds_over_a_hole():
     # Records fetched before the seek still arrive, each moving faust's read offset past the hole: seek again.
     assert not await guard.admit(event(13))
     assert consumer.seeks == [(0, 10), (0, 10)] and guard.rewinds == 1
-    assert dropped.message.acked and not dropped.acks, "released for rebalances, never made committable"
+    assert dropped.acked and not dropped.acks, "released for rebalances, never made committable"
     assert [await guard.admit(event(o)) for o in (10, 11, 12, 13)] == [True] * 4
     assert await guard.admit(event(11)), "a redelivery below the expected offset is the fold's to ignore"
     assert not await guard.admit(event(15)) and consumer.seeks[-1] == (0, 14) and guard.rewinds == 2
@@ -141,7 +141,7 @@ async def test_retention_moving_the_log_start_past_the_committed_offset_is_not_a
 
 
 async def test_the_acker_acks_in_order_after_kafka_and_settles_a_rollouts_outputs():
-    app = SimpleNamespace(crash=None)
+    app = SimpleNamespace(crash=None, consumer=SimpleNamespace(ack=lambda message: message.ack(None)))
     table = SimpleNamespace(mark_persisted=lambda futures: None)
     acker = OrderedAcker(app, table)
     acker.start()
@@ -149,8 +149,9 @@ async def test_the_acker_acks_in_order_after_kafka_and_settles_a_rollouts_output
     first, second = loop.create_future(), loop.create_future()
     snapshot = loop.create_future()
     a, b = event(0), event(1)
-    await acker.submit(a, [first], [snapshot])
-    await acker.submit(b, [second], [])
+    acker.outputs(a.key, [snapshot])
+    await acker.submit([a], [sent(first)], [(a.key, [snapshot])])
+    await acker.submit([b], [sent(second)], [])
     second.set_result(None)
     await asyncio.sleep(0)
     assert not a.acks and not b.acks and not acker.idle
@@ -170,16 +171,17 @@ async def test_a_write_kafka_refused_stops_the_worker_and_acks_nothing_after_it(
     async def crash(exc):
         crashed.append(exc)
 
-    acker = OrderedAcker(SimpleNamespace(crash=crash), SimpleNamespace(mark_persisted=lambda futures: None))
+    acker = OrderedAcker(SimpleNamespace(crash=crash, consumer=SimpleNamespace(ack=lambda message: message.ack(None))),
+                         SimpleNamespace(mark_persisted=lambda futures: None))
     acker.start()
     failed = asyncio.get_running_loop().create_future()
     failed.set_exception(OSError("broker gone"))
     a, b = event(0), event(1)
-    await acker.submit(a, [failed], [])
+    await acker.submit([a], [sent(failed)], [])
     await asyncio.sleep(0.01)
     assert crashed and not a.acks
     with pytest.raises(OSError):
-        await acker.submit(b, [], [])
+        await acker.submit([b], [], [])
     assert not b.acks
 
 
@@ -188,12 +190,12 @@ async def test_acknowledged_changelog_offsets_are_persisted_per_partition(tmp_pa
     app.finalize()
     table = app.tokentrail_table
     loop = asyncio.get_running_loop()
-    futures = []
-    for partition, offset in [(0, 5), (1, 7), (0, 9)]:
+    sends = []
+    for partition, base, records in [(0, 5, 1), (1, 7, 3), (0, 9, 2)]:
         fut = loop.create_future()
-        fut.set_result(SimpleNamespace(partition=partition, offset=offset))
-        futures.append(fut)
-    table.mark_persisted(futures)
+        fut.set_result(SimpleNamespace(partition=partition, offset=base))  # a record batch's base offset
+        sends.append(sent(fut, partition, records))
+    table.mark_persisted(sends)
     topic = table.changelog_topic.get_topic_name()
-    assert table.data.persisted_offset(TP(topic, 0)) == 9
-    assert table.data.persisted_offset(TP(topic, 1)) == 7
+    assert table.data.persisted_offset(TP(topic, 0)) == 10, "the last record of the partition's last batch"
+    assert table.data.persisted_offset(TP(topic, 1)) == 9

@@ -16,9 +16,12 @@ import pytest
 
 import processors.app
 import processors.delivery
+import processors.fold_loop
+import processors.guard
+import processors.intake
 from processors.delivery import FAUST_PRIVATE_NAMES
 
-SHELL = (processors.app, processors.delivery)
+SHELL = (processors.app, processors.delivery, processors.fold_loop, processors.guard, processors.intake)
 
 
 def _resolve(dotted: str) -> type:

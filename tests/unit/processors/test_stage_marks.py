@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-import processors.app as app_module
+import processors.fold_loop as loop_module
 from processors.app import create_app
+from processors.delivery import ChangelogSend
 from processors.settings import ProcessorSettings
 from schemas.codec import encode_event
 from schemas.stage_log import StageLog, read_stage_log
@@ -18,7 +19,7 @@ PROCESSOR_STAGES = ["finish.record", "proc.fetched", "proc.folded", "proc.sent",
 
 async def test_a_finish_is_marked_at_every_processor_stage_and_a_capture_is_not(app, tmp_path, monkeypatch):  # noqa: F811
     path = tmp_path / "stages.jsonl"
-    monkeypatch.setattr(app_module, "STAGES", StageLog(path))
+    monkeypatch.setattr(loop_module, "STAGES", StageLog(path))
     loop = asyncio.get_running_loop()
     snapshot_acks: list[asyncio.Future] = []
     changelog_acks: list[asyncio.Future] = []
@@ -27,9 +28,10 @@ async def test_a_finish_is_marked_at_every_processor_stage_and_a_capture_is_not(
         snapshot_acks.append(loop.create_future())
         return snapshot_acks[-1]
 
-    async def fake_produce(records):
-        changelog_acks.extend(loop.create_future() for _ in records)
-        return changelog_acks[-len(records):]
+    async def fake_produce(batches):
+        sends = [ChangelogSend(batch.partition, len(batch.records), loop.create_future()) for batch in batches]
+        changelog_acks.extend(send.future for send in sends)
+        return sends
 
     monkeypatch.setattr(type(app.topic("x")), "send", fake_send)
     monkeypatch.setattr(app.tokentrail_table, "produce_changelog", fake_produce)
