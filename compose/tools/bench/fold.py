@@ -26,7 +26,9 @@ fold holds once every rollout is frozen and none retired yet (key + value
 bytes of its live keys, and the worker's RocksDB directory on disk), over the
 calls and rollouts it holds.
 
-The last lines are one ``BUDGET`` line per budget, for collecting into a table:
+The last lines are for collecting into a table (``make bench``): a ``FIGURE <name> value=<number>``
+line per figure without a budget (the pure fold's rate, state bytes per in-flight call and rollout,
+the worker's CPU per event, how busy the machine was), then one ``BUDGET`` line per budget:
 ``BUDGET <name> value=<number> budget=<op><number> [baseline=<number> ratio=<number>] ok=<true|false>``
 (``fold.worker_events_s``, ``fold.worker_vs_pure``, ``fold.state_write_amp``).
 """
@@ -42,6 +44,10 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from compose.tools.bench._fold_worker import WorkerRun
 
 BUDGET_EVENTS_S = 10_000.0  # ARCHITECTURE §8, per worker
 BUDGET_VS_PURE = 0.8  # the worker's rate over the pure fold's, same run
@@ -160,26 +166,31 @@ def main(args: argparse.Namespace) -> int:
     print(f"  state held   {held / calls / 1024:>9.1f} KiB per in-flight call, {held / args.rollouts / 1024:,.0f} KiB "
           f"per in-flight {args.calls}-call rollout (key + value bytes of the live keys: {args.rollouts} rollouts "
           "frozen, none retired)")
+    figures = [_figure("fold.pure_events_s", rate), _figure("fold.state_bytes_per_inflight_call", held / calls),
+               _figure("fold.state_bytes_per_inflight_rollout", held / args.rollouts)]
     budgets = [_budget("fold.state_write_amp", all_amp, "<=", BUDGET_WRITE_AMP)]
     try:
         if not args.no_worker:
             got = _worker(args, records, event_bytes, rate)
             if got is not None:
-                amp, worker_rate = got
+                amp, run = got
+                figures += [_figure("fold.worker_cpu_us_per_event", run.cpu_per_event_s * 1e6),
+                            _figure("fold.machine_busy", run.machine_busy),
+                            _figure("fold.disk_bytes_per_inflight_rollout", run.disk_bytes / args.rollouts)]
                 budgets = [
-                    _budget("fold.worker_events_s", worker_rate, ">=", BUDGET_EVENTS_S, baseline=rate),
-                    _budget("fold.worker_vs_pure", worker_rate / rate, ">=", BUDGET_VS_PURE),
+                    _budget("fold.worker_events_s", run.events_s, ">=", BUDGET_EVENTS_S, baseline=rate),
+                    _budget("fold.worker_vs_pure", run.events_s / rate, ">=", BUDGET_VS_PURE),
                     _budget("fold.state_write_amp", amp, "<=", BUDGET_WRITE_AMP),
                 ]
     finally:
-        for line in budgets:
+        for line in (*figures, *budgets):  # the budget lines last
             print(line)
     return 0
 
 
 def _worker(args: argparse.Namespace, records: list[tuple[bytes, bytes]], event_bytes: int,
-            pure_rate: float) -> tuple[float, float] | None:
-    """Run and report one real worker; (write amplification, events/s), None when no broker could start."""
+            pure_rate: float) -> tuple[float, WorkerRun] | None:
+    """Run and report one real worker; (write amplification, its run), None when no broker could start."""
     from compose.tools.bench._fold_worker import run_worker, top_frames
 
     finishes = {key: i for i, (key, _) in enumerate(records)}  # a rollout's last event is its finish
@@ -212,7 +223,7 @@ def _worker(args: argparse.Namespace, records: list[tuple[bytes, bytes]], event_
             print(f"  profile      {args.profile} (py-spy raw); top frames:")
             for line in top_frames(args.profile.read_text()):
                 print(f"    {line}")
-        return amp, got.events_s
+        return amp, got
     finally:
         if broker_dir is not None:
             from compose.rig.kafka.broker import stop_broker
@@ -226,6 +237,11 @@ def _budget(name: str, value: float, op: str, budget: float, baseline: float | N
     ok = value >= budget if op == ">=" else value <= budget
     against = f" baseline={_number(baseline)} ratio={value / baseline:.3f}" if baseline else ""
     return f"BUDGET {name} value={_number(value)} budget={op}{budget:g}{against} ok={str(ok).lower()}"
+
+
+def _figure(name: str, value: float) -> str:
+    """``FIGURE <name> value=<n>``: a figure with no budget of its own (``make bench`` collects it too)."""
+    return f"FIGURE {name} value={_number(value)}"
 
 
 def _number(value: float) -> str:

@@ -34,3 +34,16 @@ def test_top_frames_count_own_and_inclusive_samples_by_function():
     assert own == ["   60.0%  decode (d.py)", "   30.0%  fold (f.py)"]
     inclusive = lines[lines.index("inclusive (the function and what it calls):") + 1:]
     assert inclusive == ["  100.0%  main (a.py)", "   90.0%  fold (f.py)"]
+
+
+def test_make_bench_collects_the_figure_and_budget_lines():
+    from compose.tools.bench.budgets import parse
+    from compose.tools.bench.fold import _figure
+
+    output = "\n".join(["pure fold (dict state):", _figure("fold.state_bytes_per_inflight_rollout", 207_872.4),
+                        _budget("fold.worker_events_s", 5_000.2, ">=", 10_000, baseline=11_000.0)])
+    rows = parse("fold", output)
+    assert [(r.kind, r.name, r.fields["value"], r.ok) for r in rows] == [
+        ("FIGURE", "fold.state_bytes_per_inflight_rollout", "207872", True),
+        ("BUDGET", "fold.worker_events_s", "5000", False)]
+    assert rows[1].fields["baseline"] == "11000" and rows[1].fields["ratio"] == "0.455"
