@@ -53,8 +53,6 @@ from processors import lineage
 from processors.decode import decode_for_fold
 from processors.snapshot import CONFLICTING_PAYLOAD
 from processors.state import (
-    FingerprintEntry,
-    FingerprintIndex,
     RolloutHeader,
     StoredIncomplete,
     call_key,
@@ -67,7 +65,7 @@ from processors.state import (
     replace_header,
     seq_key,
 )
-from processors.stored_call import encode_call_body, encode_index, encode_stored_call
+from processors.stored_call import encode_call_body, encode_index_entries, encode_stored_call
 from processors.txn import DeadLetter, FoldResult, Position, StateReader, StateReadError, Txn
 from schemas.codec import encode_event, event_body_bytes
 from schemas.errors import CodecError, ContractError
@@ -266,11 +264,11 @@ def _fold_capture(txn: Txn, event: RolloutEvent, call: CallCaptured, payload: st
 def _index_call(txn: Txn, call: CallCaptured) -> None:
     key = fingerprint_key(txn.rollout_id, call.continuation_fingerprint)
     raw = txn.get(key)
-    entries = list(index_codec().decode(raw).entries) if raw is not None else []
-    if any(e.call_id == call.model_call_id for e in entries):
+    entries = [(e.call_id, e.cum_len, e.digest) for e in index_codec().decode(raw).entries] if raw is not None else []
+    if any(call_id == call.model_call_id for call_id, _, _ in entries):
         return
-    entries.append(FingerprintEntry(call_id=call.model_call_id, cum_len=call.cum_len, digest=call.digest))
-    txn.put(key, encode_index(FingerprintIndex(entries=entries)))
+    entries.append((call.model_call_id, call.cum_len, call.digest))
+    txn.put(key, encode_index_entries(entries))
 
 
 def _fold_incomplete(txn: Txn, event_id: str, marker: CallIncomplete, digest: str) -> None:

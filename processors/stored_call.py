@@ -101,9 +101,14 @@ def read_stored_call_entry(data: bytes) -> tuple[bool, str, memoryview]:
 
 def encode_index(index: FingerprintIndex) -> bytes:
     """Exactly ``index_codec().encode(index)`` (an array of entries: one block, then the empty block)."""
+    return encode_index_entries([(e.call_id, e.cum_len, e.digest) for e in index.entries])
+
+
+def encode_index_entries(entries: list[tuple[str, int, str]]) -> bytes:
+    """``encode_index`` of ``FingerprintIndex(entries=[FingerprintEntry(call_id, cum_len, digest), ...])``."""
     head = MAGIC + index_codec().fingerprint
-    if not index.entries:
+    if not entries:
         return head + b"\x00"
-    return b"".join((head, long_bytes(len(index.entries)),
-                     *(str_bytes(e.call_id) + long_bytes(e.cum_len) + str_bytes(e.digest) for e in index.entries),
+    return b"".join((head, long_bytes(len(entries)),
+                     *(str_bytes(call_id) + long_bytes(cum_len) + str_bytes(digest) for call_id, cum_len, digest in entries),
                      b"\x00"))
