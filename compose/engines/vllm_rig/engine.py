@@ -13,7 +13,9 @@ container): ``make vllm`` builds it; ``TOKENTRAIL_VLLM_PYTHON`` points elsewhere
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -61,11 +63,20 @@ def checkpoint(variant: str, cache: Path | None = None) -> Path:
                              "print(source_digest())"], cwd=ROOT, check=True, capture_output=True,
                             text=True).stdout.strip()
     out = (cache or ROOT / ".tokentrail" / "checkpoints") / digest / variant
-    if not (out / "manifest.json").exists():
-        tmp = out.with_name(f"{variant}.tmp{os.getpid()}")
-        subprocess.run([str(vllm_python()), "-m", "compose.engines.vllm_rig.checkpoint", str(tmp), variant], cwd=ROOT,
-                       check=True, capture_output=True)
-        tmp.rename(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Engines start from several threads (the pre-warmed session engines) and several processes
+    # (make -j): one builder per checkpoint, the others wait for it and reuse what it built.
+    with open(out.with_name(f"{variant}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "manifest.json").exists():
+            tmp = out.with_name(f"{variant}.tmp{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            built = subprocess.run([str(vllm_python()), "-m", "compose.engines.vllm_rig.checkpoint", str(tmp), variant],
+                                   cwd=ROOT, capture_output=True, text=True)
+            if built.returncode:
+                raise EngineUnavailable(f"building the {variant!r} checkpoint failed (exit {built.returncode}):\n"
+                                        f"{built.stderr[-4000:]}")
+            tmp.rename(out)
     return out
 
 

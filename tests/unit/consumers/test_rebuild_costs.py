@@ -11,6 +11,7 @@ than one decode, rebuild, render, retire and ack per rollout in the consumer.
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 import tracemalloc
 
@@ -56,7 +57,14 @@ def long():
 
 
 def python_steps(fn) -> int:
-    """Python function calls and lines run by ``fn()`` (C-level loops are invisible to it)."""
+    """Python function calls and lines run by ``fn()`` (C-level loops are invisible to it).
+
+    Garbage collection is off while counting: a collection in the middle runs whatever
+    finalizers earlier tests left behind (CI once counted 13 of their lines), which is
+    not the rebuild's work.
+    """
+    fn()  # first-use caches (encoders, compiled formats) are not per-call work
+    gc.collect()
     steps = 0
 
     def tracer(frame, event, arg):
@@ -64,12 +72,15 @@ def python_steps(fn) -> int:
         steps += 1
         return tracer
 
-    previous = sys.gettrace()
+    previous, collecting = sys.gettrace(), gc.isenabled()
+    gc.disable()
     sys.settrace(tracer)
     try:
         fn()
     finally:
         sys.settrace(previous)
+        if collecting:
+            gc.enable()
     return steps
 
 
