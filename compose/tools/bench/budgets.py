@@ -38,6 +38,27 @@ BENCHES: dict[str, list[str]] = {
 _LINE = re.compile(r"^(BUDGET|FIGURE) (\S+) (.*)$")
 
 
+def budget_line(name: str, value: float, budget: float, *, op: str = "<=", baseline: float | None = None,
+                ratio: float | None = None) -> str:
+    """``BUDGET <name> value=<n> budget=<op><n> [baseline=<n> ratio=<r>] ok=<true|false>``: the one home of
+    the format ``parse`` reads. ``ratio`` defaults to ``value / baseline``; a figure that is itself a ratio
+    to its baseline passes it."""
+    ok = value >= budget if op == ">=" else value <= budget
+    against = ""
+    if baseline:
+        against = f" baseline={_number(baseline)} ratio={(value / baseline if ratio is None else ratio):.3f}"
+    return f"BUDGET {name} value={_number(value)} budget={op}{budget:g}{against} ok={str(ok).lower()}"
+
+
+def figure_line(name: str, value: float) -> str:
+    """``FIGURE <name> value=<n>``: a figure with no budget of its own, collected into the table too."""
+    return f"FIGURE {name} value={_number(value)}"
+
+
+def _number(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3f}"
+
+
 @dataclass(frozen=True)
 class Row:
     bench: str

@@ -26,6 +26,8 @@ import pstats
 import time
 from typing import Any
 
+from compose.tools.bench.budgets import budget_line
+
 BUDGET_CPU_MS = 1.5
 
 
@@ -175,6 +177,5 @@ def main(args: argparse.Namespace) -> int:
         if profile:
             print(profile)
     for mode, value in results.items():
-        ms = value * 1000
-        print(f"BUDGET capture.cpu_{mode}_ms value={ms:.3f} budget=<={BUDGET_CPU_MS} ok={str(ms <= BUDGET_CPU_MS).lower()}")
+        print(budget_line(f"capture.cpu_{mode}_ms", value * 1000, BUDGET_CPU_MS))
     return 0

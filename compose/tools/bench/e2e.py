@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from compose.tools.bench.budgets import budget_line, figure_line
 from compose.tools.bench.interceptor import _pct as percentile
 
 BUDGET_P95_S = {1: 0.250, 32: 0.500}
@@ -251,7 +252,6 @@ def _report(level: Level) -> None:
     print(f"  CPU ms per call   {cpu}   (the load's own harness {level.cpu_per_call['harness'] * 1000:.2f}; "
           f"machine {level.busy:.0%} busy of {os.cpu_count()} CPUs)")
     if budget:  # one line of `make bench`'s table (compose.tools.bench.budgets)
-        print(f"BUDGET e2e.c{level.concurrency}.finish_to_delivered_p95_ms value={p95 * 1000:.1f} "
-              f"budget=<={budget * 1000:g} ok={str(p95 <= budget).lower()}")
+        print(budget_line(f"e2e.c{level.concurrency}.finish_to_delivered_p95_ms", p95 * 1000, budget * 1000))
     for name in SERVICES:
-        print(f"FIGURE e2e.c{level.concurrency}.{name}_cpu_ms_per_call value={level.cpu_per_call[name] * 1000:.2f}")
+        print(figure_line(f"e2e.c{level.concurrency}.{name}_cpu_ms_per_call", level.cpu_per_call[name] * 1000))

@@ -46,6 +46,8 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from compose.tools.bench.budgets import budget_line, figure_line
+
 if TYPE_CHECKING:
     from compose.tools.bench._fold_worker import WorkerRun
 
@@ -166,21 +168,22 @@ def main(args: argparse.Namespace) -> int:
     print(f"  state held   {held / calls / 1024:>9.1f} KiB per in-flight call, {held / args.rollouts / 1024:,.0f} KiB "
           f"per in-flight {args.calls}-call rollout (key + value bytes of the live keys: {args.rollouts} rollouts "
           "frozen, none retired)")
-    figures = [_figure("fold.pure_events_s", rate), _figure("fold.state_bytes_per_inflight_call", held / calls),
-               _figure("fold.state_bytes_per_inflight_rollout", held / args.rollouts)]
-    budgets = [_budget("fold.state_write_amp", all_amp, "<=", BUDGET_WRITE_AMP)]
+    figures = [figure_line("fold.pure_events_s", rate),
+               figure_line("fold.state_bytes_per_inflight_call", held / calls),
+               figure_line("fold.state_bytes_per_inflight_rollout", held / args.rollouts)]
+    budgets = [budget_line("fold.state_write_amp", all_amp, BUDGET_WRITE_AMP)]
     try:
         if not args.no_worker:
             got = _worker(args, records, event_bytes, rate)
             if got is not None:
                 amp, run = got
-                figures += [_figure("fold.worker_cpu_us_per_event", run.cpu_per_event_s * 1e6),
-                            _figure("fold.machine_busy", run.machine_busy),
-                            _figure("fold.disk_bytes_per_inflight_rollout", run.disk_bytes / args.rollouts)]
+                figures += [figure_line("fold.worker_cpu_us_per_event", run.cpu_per_event_s * 1e6),
+                            figure_line("fold.machine_busy", run.machine_busy),
+                            figure_line("fold.disk_bytes_per_inflight_rollout", run.disk_bytes / args.rollouts)]
                 budgets = [
-                    _budget("fold.worker_events_s", run.events_s, ">=", BUDGET_EVENTS_S, baseline=rate),
-                    _budget("fold.worker_vs_pure", run.events_s / rate, ">=", BUDGET_VS_PURE),
-                    _budget("fold.state_write_amp", amp, "<=", BUDGET_WRITE_AMP),
+                    budget_line("fold.worker_events_s", run.events_s, BUDGET_EVENTS_S, op=">=", baseline=rate),
+                    budget_line("fold.worker_vs_pure", run.events_s / rate, BUDGET_VS_PURE, op=">="),
+                    budget_line("fold.state_write_amp", amp, BUDGET_WRITE_AMP),
                 ]
     finally:
         for line in (*figures, *budgets):  # the budget lines last
@@ -230,22 +233,6 @@ def _worker(args: argparse.Namespace, records: list[tuple[bytes, bytes]], event_
 
             stop_broker(broker_dir)
         shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def _budget(name: str, value: float, op: str, budget: float, baseline: float | None = None) -> str:
-    """``BUDGET <name> value=<n> budget=<op><n> [baseline=<n> ratio=<r>] ok=<true|false>``."""
-    ok = value >= budget if op == ">=" else value <= budget
-    against = f" baseline={_number(baseline)} ratio={value / baseline:.3f}" if baseline else ""
-    return f"BUDGET {name} value={_number(value)} budget={op}{budget:g}{against} ok={str(ok).lower()}"
-
-
-def _figure(name: str, value: float) -> str:
-    """``FIGURE <name> value=<n>``: a figure with no budget of its own (``make bench`` collects it too)."""
-    return f"FIGURE {name} value={_number(value)}"
-
-
-def _number(value: float) -> str:
-    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3f}"
 
 
 def _report(what: str, rate: float, amp: float, detail: str) -> None:

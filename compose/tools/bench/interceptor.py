@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from compose.tools.bench.budgets import budget_line
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=64)
@@ -208,18 +210,14 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
         print(f"{'server CPU':<24} {_ms(per_via)} per captured call, {_ms(per_direct)} per uncaptured call: the "
               f"capture adds {_ms(capture_cpu)} ({capture_cpu / per_direct:+.0%} of the server's own), from /proc")
     name = f"interceptor.{deployment}.c{args.concurrency}"
-    _budget(f"{name}.cpu_per_call_ms", capture_cpu * 1000, 1.5)
+    # the lines of `make bench`'s table (compose.tools.bench.budgets)
+    ack_ms = ack_p50 * 1000 if ack_p50 else None
+    print(budget_line(f"{name}.cpu_per_call_ms", capture_cpu * 1000, 1.5))
     if deployment == "middleware" and args.engine == "vllm":  # the API server's own CPU per call is vLLM's
-        _budget(f"{name}.api_server_cpu_ratio", per_via / per_direct, 1.10)
-    _budget(f"{name}.overhead_p50_ms", _pct(ours, 50) * 1000, 1.0, ack_p50 * 1000 if ack_p50 else None)
-    _budget(f"{name}.overhead_p99_ms", _pct(ours, 99) * 1000, 5.0, ack_p50 * 1000 if ack_p50 else None)
-    _budget(f"{name}.added_p50_ms", (_pct(via, 50) - _pct(direct, 50)) * 1000, 3.0)
-
-
-def _budget(name: str, value: float, limit: float, baseline: float | None = None) -> None:
-    """One line of `make bench`'s table (compose.tools.bench.budgets)."""
-    extra = f" baseline={baseline:.3f} ratio={value / baseline:.2f}" if baseline else ""
-    print(f"BUDGET {name} value={value:.3f} budget=<={limit:g}{extra} ok={str(value <= limit).lower()}")
+        print(budget_line(f"{name}.api_server_cpu_ratio", per_via / per_direct, 1.10))
+    print(budget_line(f"{name}.overhead_p50_ms", _pct(ours, 50) * 1000, 1.0, baseline=ack_ms))
+    print(budget_line(f"{name}.overhead_p99_ms", _pct(ours, 99) * 1000, 5.0, baseline=ack_ms))
+    print(budget_line(f"{name}.added_p50_ms", (_pct(via, 50) - _pct(direct, 50)) * 1000, 3.0))
 
 
 def _cpu_s(pid: int) -> float:

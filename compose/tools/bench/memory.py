@@ -28,6 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from compose.tools.bench.budgets import budget_line, figure_line
+
 MODES = ("index", "prefix", "spool")
 
 
@@ -141,6 +143,6 @@ def main(args: argparse.Namespace) -> int:
     for mode, values in per.items():
         if len(values) >= 2 and values[0] > 0:
             ratio = values[-1] / values[0]
-            print(f"BUDGET memory.{mode}_linearity value={ratio:.2f} budget=<=1.25 ok={str(ratio <= 1.25).lower()}")
-        print(f"FIGURE memory.{mode}_kb_per_rollout value={values[-1] / 1e3:.2f}")
+            print(budget_line(f"memory.{mode}_linearity", ratio, 1.25))
+        print(figure_line(f"memory.{mode}_kb_per_rollout", values[-1] / 1e3))
     return 0

@@ -27,7 +27,9 @@ twice) and against every trace written out whole.
 
 The last lines are one per budget judged, for collecting into a table:
 ``BUDGET <name> value=<number> budget=<op><number> [baseline=<number>
-ratio=<number>] ok=<true|false>`` (``budget_line``): ``rebuild.compact_ms`` (only
+ratio=<number>] ok=<true|false>`` (``compose.tools.bench.budgets.budget_line``;
+every budget here is an upper bound, and where the value is itself a ratio to
+the baseline the ratio column is the value): ``rebuild.compact_ms`` (only
 when the largest rollout timed is the budget's 200 calls / 131072 tokens),
 ``rebuild.projection_ratio`` (baseline: the copy's ms) and, with ``--tree``,
 ``rebuild.tree_ratio`` (baseline: the single chain's ms).
@@ -40,6 +42,8 @@ import statistics
 import sys
 import time
 from typing import Any
+
+from compose.tools.bench.budgets import budget_line
 
 BUDGET_COMPACT_MS = 5.0
 BUDGET_COMPACT_AT = (200, 131_072)  # (calls, tokens) the compact budget is set at
@@ -112,12 +116,6 @@ def _spans(call: int, generated: int, k: int) -> list[Any]:
     bounds = [generated * j // k for j in range(k + 1)]
     return [VersionSpan(version=f"step-{call + j}", start=bounds[j], end=bounds[j + 1])
             for j in range(k) if bounds[j + 1] > bounds[j]]
-
-
-def budget_line(name: str, value: float, limit: float, baseline: float | None = None) -> str:
-    """One ``BUDGET`` line (the format in the module docstring); every budget here is an upper bound."""
-    extra = f" baseline={baseline:.2f} ratio={value:.2f}" if baseline is not None else ""
-    return f"BUDGET {name} value={value:.2f} budget=<={limit:g}{extra} ok={'true' if value <= limit else 'false'}"
 
 
 def _paired_ms(fn, baseline, repeat: int) -> tuple[float, float, float]:
@@ -201,7 +199,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"floor: the projection is {size / 1e6:.1f} MB of JSON; one copy of it takes {copy_ms:.2f} ms here "
               f"and the rebuild with the projection {p_ms:.2f} ms (timed alternately): {ratio:.2f}x one copy, "
               f"of {BUDGET_PROJECTION_RATIO:g}x ({_verdict(ratio, BUDGET_PROJECTION_RATIO)})")
-        budgets.append(budget_line("rebuild.projection_ratio", ratio, BUDGET_PROJECTION_RATIO, copy_ms))
+        budgets.append(budget_line("rebuild.projection_ratio", ratio, BUDGET_PROJECTION_RATIO, baseline=copy_ms,
+                                   ratio=ratio))
     _versions(max(args.calls), max(args.tokens), args.repeat, compact, projected)
     status = 0
     if getattr(args, "tree", False):
@@ -263,7 +262,7 @@ def _tree(n_calls: int, n_tokens: int, repeat: int) -> tuple[int, str | None]:
     print(f"tree size: the compact tree stores {sizes.stored_tokens} tokens; the snapshot holds {unique} unique "
           f"tokens ({sizes.stored_tokens / unique:.3f}x); written out whole {sizes.expanded_tokens} tokens "
           f"({sizes.expanded_tokens / sizes.stored_tokens:.3f}x the compact tree)")
-    return 0, budget_line("rebuild.tree_ratio", ratio, BUDGET_TREE_RATIO, chain_ms)
+    return 0, budget_line("rebuild.tree_ratio", ratio, BUDGET_TREE_RATIO, baseline=chain_ms, ratio=ratio)
 
 
 def _copy(text: str) -> str:

@@ -5,21 +5,21 @@ from __future__ import annotations
 import re
 
 from compose.tools.bench._fold_worker import top_frames
-from compose.tools.bench.fold import _budget
+from compose.tools.bench.budgets import budget_line, figure_line, parse
 
 BUDGET_LINE = re.compile(r"^BUDGET (\S+) value=(-?[0-9.]+) budget=(>=|<=)([0-9.]+)"
                          r"(?: baseline=([0-9.]+) ratio=([0-9.]+))? ok=(true|false)$")
 
 
 def test_budget_lines_have_the_collectable_format():
-    rate = _budget("fold.worker_events_s", 12345.6, ">=", 10_000, baseline=15000.0)
+    rate = budget_line("fold.worker_events_s", 12345.6, 10_000, op=">=", baseline=15000.0)
     assert BUDGET_LINE.match(rate).groups() == ("fold.worker_events_s", "12346", ">=", "10000", "15000", "0.823",
                                                 "true")
-    ratio = _budget("fold.worker_vs_pure", 0.7, ">=", 0.8)
+    ratio = budget_line("fold.worker_vs_pure", 0.7, 0.8, op=">=")
     assert BUDGET_LINE.match(ratio).groups() == ("fold.worker_vs_pure", "0.700", ">=", "0.8", None, None, "false")
-    amp = _budget("fold.state_write_amp", 1.074, "<=", 1.1)
+    amp = budget_line("fold.state_write_amp", 1.074, 1.1)
     assert BUDGET_LINE.match(amp).groups()[-1] == "true"
-    assert "e+" not in _budget("x", 1_234_567.0, ">=", 10_000), "plain numbers, never exponents"
+    assert "e+" not in budget_line("x", 1_234_567.0, 10_000, op=">="), "plain numbers, never exponents"
 
 
 def test_top_frames_count_own_and_inclusive_samples_by_function():
@@ -37,11 +37,8 @@ def test_top_frames_count_own_and_inclusive_samples_by_function():
 
 
 def test_make_bench_collects_the_figure_and_budget_lines():
-    from compose.tools.bench.budgets import parse
-    from compose.tools.bench.fold import _figure
-
-    output = "\n".join(["pure fold (dict state):", _figure("fold.state_bytes_per_inflight_rollout", 207_872.4),
-                        _budget("fold.worker_events_s", 5_000.2, ">=", 10_000, baseline=11_000.0)])
+    output = "\n".join(["pure fold (dict state):", figure_line("fold.state_bytes_per_inflight_rollout", 207_872.4),
+                        budget_line("fold.worker_events_s", 5_000.2, 10_000, op=">=", baseline=11_000.0)])
     rows = parse("fold", output)
     assert [(r.kind, r.name, r.fields["value"], r.ok) for r in rows] == [
         ("FIGURE", "fold.state_bytes_per_inflight_rollout", "207872", True),
