@@ -1,7 +1,7 @@
 """The reference policy's next-token distribution: deterministic, context-dependent, with
 real log-probs.
 
-A table of ``rows x vocab_size`` log-softmax values (float64) is drawn once per
+A table of ``rows x vocab_size`` log-softmax values (float32, as vLLM's) is drawn once per
 (seed, weight version) from a seeded numpy generator. The distribution at a position is
 the table row selected by a hash of the previous three token ids and the weight version:
 
@@ -53,7 +53,9 @@ def _table(seed: int, version: int, rows: int, vocab: int, scale: float) -> np.n
             rng = np.random.default_rng([seed & _M32, version & _M32, 0x7A11])
             logits = rng.standard_normal((rows, vocab)) * scale
             logits -= logits.max(axis=1, keepdims=True)
-            table = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+            # float32, as vLLM computes log-probs: the values it reports are exactly float32 values
+            # (what the wire carries in 4 bytes, schemas.codec._LogProbs).
+            table = (logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))).astype(np.float32)
             table.setflags(write=False)
             if len(_TABLES) >= _TABLES_LIMIT:
                 _TABLES.pop(next(iter(_TABLES)))

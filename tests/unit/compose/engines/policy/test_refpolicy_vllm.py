@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import numpy as np
 import pytest
 
 from compose.engines.policy import tokenizer as tk
@@ -278,7 +279,8 @@ async def test_logprobs_modes_report_what_vllm_reports(make_client):
     raw = [e["logprob"] for e in (await chat(make_client(), **body))["choices"][0]["logprobs"]["content"]]
     logits = [e["logprob"] for e in (await chat(make_client(logprobs_mode="raw_logits"), **body))
               ["choices"][0]["logprobs"]["content"]]
-    assert logits == [v + 7.25 for v in raw]  # unnormalised: not log-probabilities
+    # unnormalised (not log-probabilities), computed in float32 as vLLM computes them
+    assert logits == [float(np.float32(v) + np.float32(7.25)) for v in raw]
     processed = (await chat(make_client(logprobs_mode="processed_logprobs"), **body))["choices"][0]
     values = [e["logprob"] for e in processed["logprobs"]["content"]]
     assert processed["token_ids"] == (await chat(make_client(), **body))["choices"][0]["token_ids"]
