@@ -9,9 +9,10 @@ datum: the same conversions (schemas.codec's table: enums, nested records,
 lists of records), then the record's ``__post_init__`` (the contract's
 checks). Two differences, both chosen for the fold's hot path:
 
-- packed arrays (token ids, log-probs) are read-only ``memoryview`` casts
-  over ``data`` instead of lists (``len``, indexing, slicing, iteration and
-  ``tolist()`` give the same values), so nothing is unpacked or copied;
+- packed arrays (token ids, log-probs, float32 or float64) are read-only
+  ``memoryview`` casts over ``data`` instead of lists (``len``, indexing,
+  slicing, iteration and ``tolist()`` give the same values), so nothing is
+  unpacked or copied;
 - fields are set on a new instance one by one (no keyword-argument call).
 
 It only ever accepts what fastavro accepts, with the same values: anything
@@ -28,11 +29,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Mapping
-from dataclasses import fields
 from enum import StrEnum
 from typing import Any
 
-from schemas.codec import with_nested
+from schemas.codec import wire_field_names, with_nested
 from schemas.errors import TokentrailError
 
 Reader = Callable[[bytes, memoryview, int], tuple[Any, int]]
@@ -93,17 +93,32 @@ class _Generator:
         schema = self.named[schema_name]
         if not isinstance(schema, dict) or schema.get("type") != "record":
             raise Unsupported(f"{schema_name} is not a record")
-        names = [f.name for f in fields(cls)]
-        if sorted(names) != sorted(f["name"] for f in schema["fields"]):
+        if sorted(wire_field_names(cls, _TABLE)) != sorted(f["name"] for f in schema["fields"]):
             raise Unsupported(f"{schema_name}'s fields are not {cls.__name__}'s")
         func = self.records[(schema_name, cls)] = self._name("_read_")
         nested = _TABLE.get(cls, {})
+        # Log-probs narrowed to float32 travel in a wire-only field beside the record's own.
+        narrow = {kind.narrow_field: (name, kind) for name, kind in nested.items() if hasattr(kind, "narrow_field")}
         body: list[str] = []
-        targets = []
+        targets: list[tuple[str, str]] = []
+        narrow_targets: dict[str, str] = {}
         for i, f in enumerate(schema["fields"]):
             target = f"v{i}"
+            if f["name"] in narrow:
+                if f["type"] != "bytes":
+                    raise Unsupported(f"{f['name']} is not bytes")
+                narrow_targets[f["name"]] = target
+                body += [*self._span(), f"{target} = view[pos:end]", "pos = end"]
+                continue
             targets.append((f["name"], target))
             body += self._value(f["type"], nested.get(f["name"]), target)
+        wide_targets = dict(targets)
+        for narrow_name, (wide_name, kind) in narrow.items():
+            wide, narrowed = wide_targets[wide_name], narrow_targets[narrow_name]
+            body += [f"if len({narrowed}):",
+                     f"    if len({wide}) or len({narrowed}) % 4:",
+                     "        raise Unsupported('log-probs carried twice, or a partial float32')",
+                     f"    {wide} = {narrowed}.cast({kind.narrow_typecode!r})"]
         lines = [f"def {func}(data, view, pos):"]
         lines += ["    " + line for line in body]
         lines.append(f"    obj = _new({self._const(cls)})")

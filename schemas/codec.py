@@ -97,10 +97,60 @@ class _Packed:
         return values.tolist()
 
 
+class _LogProbs(_Packed):
+    """A call's log-probs on the wire: float32 when every value survives the round trip, else float64.
+
+    vLLM computes log-probs in float32 and returns them as the doubles those floats are, so its
+    values always narrow losslessly (4 bytes per generated token instead of 8); any other value
+    (a float64 engine, a rescaled log-prob) keeps all 64 bits. The record holds the same doubles
+    either way. Two Avro ``bytes`` fields carry them, the wide one under the record's field name
+    and the narrow one under ``narrow_field``; at most one is non-empty. A reader that predates the
+    narrow field sees no log-probs for a call's tokens and refuses the record (the contract's
+    one-log-prob-per-token check): it fails closed, never misreads float32 as float64.
+    """
+
+    narrow_typecode = "f"
+
+    def __init__(self, narrow_field: str) -> None:
+        super().__init__("d")
+        self.narrow_field = narrow_field
+
+    def pack_pair(self, values: Any) -> tuple[bytes, bytes]:
+        """``(wide, narrow)``: the float64 bytes or the float32 bytes of ``values``, the other empty."""
+        try:
+            narrow = array("f", values)
+        except TypeError as exc:
+            raise CodecError(f"cannot pack values: log-probs must be floats ({exc})") from exc
+        # Exact equality, value by value (a NaN never equals itself, so it stays wide; -0.0 narrows to -0.0).
+        if narrow.tolist() == (values if type(values) is list else list(values)):
+            if _BIG_ENDIAN:
+                narrow.byteswap()
+            return b"", narrow.tobytes()
+        return self.pack(values), b""
+
+    def unpack_pair(self, wide: bytes, narrow: bytes) -> list[float]:
+        if narrow and wide:
+            raise CodecError(
+                f"log-probs carried twice ({len(wide)} bytes as float64 and {len(narrow)} as float32 in "
+                f"{self.narrow_field}): a writer sets exactly one; re-encode the record with schemas.codec")
+        if not narrow:
+            return self.unpack(wide)
+        values = array("f")
+        try:
+            values.frombytes(narrow)
+        except ValueError as exc:
+            raise CodecError(f"{self.narrow_field} holds {len(narrow)} bytes, not a whole number of float32 "
+                             "values; re-encode the record with schemas.codec") from exc
+        if _BIG_ENDIAN:
+            values.byteswap()
+        return values.tolist()
+
+
 _BIG_ENDIAN = sys.byteorder == "big"
 _U32 = _Packed("I")
 _F64 = _Packed("d")
-assert array("I").itemsize == 4 and array("d").itemsize == 8
+_LOG_PROBS = _LogProbs("generation_log_probs_f32")
+assert array("I").itemsize == 4 and array("d").itemsize == 8 and array("f").itemsize == 4
 
 Nested = Mapping[type, Mapping[str, Any]]
 
@@ -108,7 +158,7 @@ Nested = Mapping[type, Mapping[str, Any]]
 _NESTED: Nested = MappingProxyType({
     CallFacts: {"dialect": Dialect, "version_spans": [VersionSpan]},
     CallCaptured: {"facts": CallFacts, "parent_resolution": ParentResolution, "prompt_token_ids": _U32,
-                   "generation_token_ids": _U32, "generation_log_probs": _F64},
+                   "generation_token_ids": _U32, "generation_log_probs": _LOG_PROBS},
     RolloutEvent: {"body": _BODY},
     SnapshotCall: {"call": CallCaptured},
     Snapshot: {"calls": [SnapshotCall], "incomplete_markers": [CallIncomplete], "finished": RolloutFinished},
@@ -126,6 +176,19 @@ def with_nested(extra: Nested) -> Nested:
     processor's state records), as a new table: nothing global changes, so importing a module that
     defines records cannot alter how any other record converts."""
     return MappingProxyType({**_NESTED, **extra})
+
+
+def packed_log_probs(values: Any) -> bytes:
+    """The bytes a call's log-probs take on the wire (float32 when lossless, else float64; see ``_LogProbs``)."""
+    wide, narrow = _LOG_PROBS.pack_pair(values)
+    return wide or narrow
+
+
+def wire_field_names(cls: type, table: Nested = _NESTED) -> list[str]:
+    """The Avro field names of a record class: its fields, plus the wire-only fields of its packed
+    log-probs (``generation_log_probs_f32``)."""
+    narrow = [kind.narrow_field for kind in table.get(cls, {}).values() if isinstance(kind, _LogProbs)]
+    return [*_field_names(cls), *narrow]
 
 
 @cache
@@ -148,6 +211,8 @@ def to_avro(obj: Any, table: Nested = _NESTED) -> dict[str, Any]:
             out[name] = value
         elif kind is _BODY:
             out[name] = (_BODY_NAMES[type(value)], to_avro(value, table))
+        elif isinstance(kind, _LogProbs):
+            out[name], out[kind.narrow_field] = kind.pack_pair(value)
         elif isinstance(kind, _Packed):
             out[name] = kind.pack(value)
         elif isinstance(kind, list):
@@ -171,6 +236,8 @@ def from_avro(cls: type[T], datum: dict[str, Any], table: Nested = _NESTED) -> T
             if kind is _BODY:
                 type_name, body = value
                 datum[name] = from_avro(_BODY_TYPES[type_name], body, table)
+            elif isinstance(kind, _LogProbs):
+                datum[name] = kind.unpack_pair(value, datum.pop(kind.narrow_field, b""))
             elif isinstance(kind, _Packed):
                 datum[name] = kind.unpack(value)
             elif isinstance(kind, list):

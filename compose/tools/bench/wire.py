@@ -1,4 +1,5 @@
-"""Wire bytes of a long rollout: delta records against full-prompt records (budget: ≤ 5% at 50 calls).
+"""Wire bytes of a long rollout: delta records against full-prompt records (budgets: ≤ 4% at 50 calls,
+≤ 8 bytes per generated token).
 
 Runs the same N-call, tool-using rollout twice through the interceptor (in
 process, in front of the reference policy server, same seed), once with
@@ -8,6 +9,8 @@ both totals and the ratio, then the delta run per call: bytes by event kind and
 by CallCaptured field (the sizing inputs of docs/SCALING.md), and what zlib at
 level 1 makes of each record, as an estimate of what a compressing producer
 (``compression.type``, off in tokentrail's producers: see schemas/kafka/config.py) would save.
+The reference engine returns float32 log-probs as vLLM does, so they travel as float32
+(``schemas.codec.packed_log_probs``). Last, ``BUDGET``/``FIGURE`` lines for ``make bench``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import asyncio
 import zlib
 from collections import Counter
 from typing import Any
+
+from compose.tools.bench.budgets import budget_line, figure_line
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -29,9 +34,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the reference engine's context limit (long rollouts need room)")
 
 
-BUDGET_RATIO = 0.05
-# Fixed-width fields of CallCaptured (schemas/avro/tokentrail.CallCaptured.avsc): bytes per element.
-_ID_BYTES, _LOG_PROB_BYTES = 4, 8
+BUDGET_RATIO = 0.04
+BUDGET_BYTES_PER_GENERATED_TOKEN = 8.0  # generated id + its log-prob
+# Token ids are packed u32 (schemas/avro/tokentrail.CallCaptured.avsc): bytes per id.
+_ID_BYTES = 4
 
 
 class _Recorder:
@@ -44,12 +50,13 @@ class _Recorder:
         self.by_kind: Counter[str] = Counter()
         self.by_field: Counter[str] = Counter()
         self.captures = 0
+        self.generated_tokens = 0
         self.version_bytes = 0  # what the per-token version facts add to the captures
 
     async def produce(self, topic: str, key: bytes, value: bytes) -> tuple[int, int]:
         from dataclasses import replace
 
-        from schemas.codec import decode_event, encode_event
+        from schemas.codec import decode_event, encode_event, packed_log_probs
         from schemas.records import CallCaptured
 
         size = len(key) + len(value)
@@ -66,9 +73,10 @@ class _Recorder:
                 completion_version=None)))))
             parts = {"prompt ids": _ID_BYTES * len(body.prompt_token_ids),
                      "generated ids": _ID_BYTES * len(body.generation_token_ids),
-                     "log-probs": _LOG_PROB_BYTES * len(body.generation_log_probs),
+                     "log-probs": len(packed_log_probs(body.generation_log_probs)),
                      "output items (text)": len(body.output_items_json.encode())}
             self.by_field.update(parts)
+            self.generated_tokens += len(body.generation_token_ids)
             self.by_field["ids, facts, framing"] += size - sum(parts.values())
         return 0, self.events
 
@@ -134,9 +142,16 @@ def main(args: argparse.Namespace) -> int:
           f"{delta.zlib_bytes / calls:,.0f} bytes ({delta.zlib_bytes / delta.bytes:.0%})")
     print("  by event kind:  " + ", ".join(f"{k} {v / calls:,.0f}" for k, v in delta.by_kind.most_common()))
     print("  CallCaptured:   " + ", ".join(f"{k} {v / calls:,.0f}" for k, v in delta.by_field.most_common()))
+    per_token = (delta.by_field["generated ids"] + delta.by_field["log-probs"]) / max(1, delta.generated_tokens)
+    print(f"per generated token: {per_token:.2f} bytes (id + log-prob; budget <= {BUDGET_BYTES_PER_GENERATED_TOKEN:g})")
     versioned, _, _ = asyncio.run(rollout_bytes(delta=True, version="step-000042", **sizes))
     per_call = versioned.version_bytes / max(1, versioned.captures)
     print(f"per-token versions (one announced version, one span per call): +{per_call:,.0f} bytes per call, "
           f"{versioned.version_bytes / versioned.bytes:.2%} of the delta records "
           f"({versioned.bytes:,} bytes with them, {versioned.bytes - versioned.version_bytes:,} without)")
+    print(budget_line("wire.delta_ratio", ratio, BUDGET_RATIO))
+    print(budget_line("wire.bytes_per_generated_token", per_token, BUDGET_BYTES_PER_GENERATED_TOKEN))
+    print(figure_line("wire.delta_bytes_per_call", delta.bytes / calls))
+    print(figure_line("wire.fixed_bytes_per_call", (delta.by_field["ids, facts, framing"]
+                                                    + delta.by_kind["CallStarted"]) / calls))
     return 0

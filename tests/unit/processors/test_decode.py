@@ -108,6 +108,8 @@ def test_what_the_reader_does_not_mirror_is_left_to_fastavro():
 
 
 _TEXT = st.text(max_size=20)
+# float32 values (what vLLM returns: carried narrow) and any double (carried wide)
+_LOG_PROB = st.one_of(st.floats(width=32, allow_nan=False), st.floats(allow_nan=False))
 _IDS = st.lists(st.integers(0, 2**32 - 1), max_size=20)
 
 
@@ -123,7 +125,7 @@ def calls(draw):
     resolution = draw(st.sampled_from(list(ParentResolution)))
     return CallCaptured(
         model_call_id=draw(_TEXT), created_at=draw(st.floats(allow_nan=False)), prompt_token_ids=prompt,
-        generation_token_ids=gen, generation_log_probs=[draw(st.floats(allow_nan=False)) for _ in gen],
+        generation_token_ids=gen, generation_log_probs=[draw(_LOG_PROB) for _ in gen],
         parent_resolution=resolution, cum_len=len(prompt) + len(gen), digest=compute_digest(prompt + gen),
         facts=facts, parent_call_id="p" * 32 if resolution is ParentResolution.RESOLVED else None,
         token_item_index=draw(st.one_of(st.none(), st.integers(-2**31, 2**31 - 1))),

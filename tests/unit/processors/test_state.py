@@ -97,7 +97,8 @@ def test_a_stored_call_from_an_older_writer_schema_still_reads(old_schema):
     if "continuation_fingerprint" in {f["name"] for f in old_schema["fields"]}:
         pytest.skip("this archived writer already has the head fields")
     parsed = fastavro.parse_schema(old_schema)
-    call = make_call([1, 2, 3], [4], continuation_fingerprint="fp-old")
+    # A log-prob that is not a float32 value: it stays in the float64 field every writer has.
+    call = make_call([1, 2, 3], [4], continuation_fingerprint="fp-old", log_probs=[-0.1])
     buf = io.BytesIO()
     datum = {"seq": 3, "payload_digest": "p" * 64, "late": True, "lineage_note": "verified", "call": to_avro(call)}
     fastavro.schemaless_writer(buf, parsed, datum)

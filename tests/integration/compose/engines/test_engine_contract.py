@@ -15,6 +15,7 @@ import pytest
 from compose.engines.vllm_rig.engine import SERVED_NAME
 from compose.harnesses.sdk import WEATHER_TOOL
 from compose.rig.stack import LocalStack
+from schemas.codec import packed_log_probs
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker, pytest.mark.vllm]
 
@@ -172,3 +173,12 @@ def test_model_cards_and_tokenize_have_the_same_shape(engines):
     toks = {k: httpx.post(f"{u}/tokenize", json={"model": SERVED_NAME, "messages": USER}, timeout=30).json()
             for k, u in engines.items()}
     assert shape(toks["reference"]) == shape(toks["vllm"])
+
+
+def test_log_probs_are_float32_values_on_both(engines):
+    # vLLM computes log-probs in float32, so each reported double is exactly a float32: the wire
+    # carries them in 4 bytes (schemas.codec.packed_log_probs). The stand-in must report the same kind.
+    for kind, url in engines.items():
+        content = _post(url, REQUESTS["tool_call"]).json()["choices"][0]["logprobs"]["content"]
+        values = [entry["logprob"] for entry in content]
+        assert values and len(packed_log_probs(values)) == 4 * len(values), kind
