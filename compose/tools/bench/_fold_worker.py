@@ -24,17 +24,15 @@ changelog back:
 from __future__ import annotations
 
 import os
-import re
-import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from compose.tools.bench.e2e import cpu_seconds, machine_busy
+from compose.tools.bench.measure import cpu_seconds, machine_busy
+from compose.tools.bench.pyspy import PySpy
 
 
 @dataclass(frozen=True)
@@ -95,24 +93,20 @@ class _Watch:
         self.ticks = os.sysconf("SC_CLK_TCK")
         self.first: tuple[int, float, tuple[float, float]] | None = None  # (event index, worker CPU, machine)
         self.last: tuple[int, float, tuple[float, float]] | None = None
-        self.spy: subprocess.Popen[bytes] | None = None
+        self.spy = PySpy(pid, profile) if profile is not None else None
 
     def snapshot(self, key: bytes) -> None:
         mark = (self.finishes.get(key, 0), self._cpu(), machine_busy(Path("/proc/stat").read_text()))
         if self.first is None:
             self.first = mark
-            if self.profile is not None:
-                spy = Path(sys.executable).with_name("py-spy")
-                self.spy = subprocess.Popen([str(spy), "record", "-p", str(self.pid), "-r", "250", "-f", "raw", "--gil",
-                                             "--nonblocking", "-o", str(self.profile)],
-                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if self.spy is not None:
+                self.spy.start()
         else:
             self.last = mark
 
     def stop(self) -> None:
         if self.spy is not None:
-            self.spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
-            self.spy.wait(60)
+            self.spy.stop()
 
     def _cpu(self) -> float:
         return cpu_seconds(Path(f"/proc/{self.pid}/stat").read_text(), self.ticks)
@@ -162,24 +156,3 @@ def _drain(bootstrap: str, topic: str, until: int | None, worker: subprocess.Pop
         raise RuntimeError(f"timed out reading {topic} ({len(out)} records)")
     finally:
         consumer.close()
-
-
-def top_frames(raw: str, n: int = 20) -> list[str]:
-    """The ``n`` functions with the most samples (own, then inclusive) of a py-spy ``raw`` profile, as lines."""
-    own: Counter[str] = Counter()
-    inclusive: Counter[str] = Counter()
-    total = 0
-    for line in raw.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        frames = [re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";")]  # by function, not line
-        total += int(count)
-        own[frames[-1]] += int(count)
-        for frame in set(frames):
-            inclusive[frame] += int(count)
-    lines = [f"{total} samples (250/s of the thread holding the GIL, the worker between its first and last snapshot)", "own time:"]
-    lines += [f"  {100 * c / max(total, 1):5.1f}%  {frame}" for frame, c in own.most_common(n)]
-    lines += ["inclusive (the function and what it calls):"]
-    lines += [f"  {100 * c / max(total, 1):5.1f}%  {frame}" for frame, c in inclusive.most_common(n)]
-    return lines

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compose.tools.bench.budgets import budget_line, figure_line
-from compose.tools.bench.interceptor import _pct as percentile
+from compose.tools.bench.measure import cpu_seconds, machine_busy, percentile
 
 BUDGET_P95_S = {1: 0.250, 32: 0.500}
 SERVICES = ("interceptor", "processor", "consumer", "policy")
@@ -88,21 +88,9 @@ class Level:
     busy: float  # the machine's CPUs busy over the level (every process on it), 0..1
 
 
-def cpu_seconds(stat: str, ticks_per_s: float) -> float:
-    """utime + stime of a ``/proc/<pid>/stat`` line, in seconds (the command name may hold spaces and ')')."""
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / ticks_per_s  # fields 14 and 15 of proc(5), after pid and comm
-
-
 def read_cpu(pids: Mapping[str, int]) -> dict[str, float]:
     ticks = os.sysconf("SC_CLK_TCK")
     return {name: cpu_seconds(Path(f"/proc/{pid}/stat").read_text(), ticks) for name, pid in pids.items()}
-
-
-def machine_busy(stat: str) -> tuple[float, float]:
-    """(busy, total) clock ticks of all CPUs from the first line of ``/proc/stat`` (idle and iowait are not busy)."""
-    ticks = [int(v) for v in stat.splitlines()[0].split()[1:9]]
-    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
 
 
 def cpu_per_call(before: Mapping[str, float], after: Mapping[str, float], calls: int) -> dict[str, float]:

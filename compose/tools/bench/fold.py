@@ -194,7 +194,8 @@ def main(args: argparse.Namespace) -> int:
 def _worker(args: argparse.Namespace, records: list[tuple[bytes, bytes]], event_bytes: int,
             pure_rate: float) -> tuple[float, WorkerRun] | None:
     """Run and report one real worker; (write amplification, its run), None when no broker could start."""
-    from compose.tools.bench._fold_worker import run_worker, top_frames
+    from compose.tools.bench._fold_worker import run_worker
+    from compose.tools.bench.pyspy import top_frames
 
     finishes = {key: i for i, (key, _) in enumerate(records)}  # a rollout's last event is its finish
     run_dir = Path(tempfile.mkdtemp(prefix="tokentrail-bench-fold-"))
@@ -224,7 +225,7 @@ def _worker(args: argparse.Namespace, records: list[tuple[bytes, bytes]], event_
               "after a clean stop)")
         if args.profile is not None:
             print(f"  profile      {args.profile} (py-spy raw); top frames:")
-            for line in top_frames(args.profile.read_text()):
+            for line in top_frames(args.profile.read_text(), what="the worker between its first and last snapshot"):
                 print(f"    {line}")
         return amp, got
     finally:

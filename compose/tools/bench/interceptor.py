@@ -11,6 +11,9 @@ and the interceptor's own per-call overhead from its ``Server-Timing`` header
 ack, answering). Budgets (ARCHITECTURE §8): added latency p50 ≤ 3 ms, p99 ≤ 10 ms (proxy);
 capture overhead p50 ≤ 1 ms, p99 ≤ 5 ms.
 
+``--profile FILE`` records the capturing process with py-spy over the captured rounds
+(``compose.tools.bench.pyspy``) and prints its top frames: the profiles of ``docs/perf/interceptor.md``.
+
 ``--engine vllm`` puts real vLLM (its CPU build from ``make vllm``, on the tiny
 random-weight checkpoint) in place of the reference server, in both deployments: in
 front of it as a proxy, and inside its server as ``--middleware`` (the baseline is then
@@ -34,6 +37,8 @@ import time
 from pathlib import Path
 
 from compose.tools.bench.budgets import budget_line
+from compose.tools.bench.measure import cpu_seconds, percentile
+from compose.tools.bench.pyspy import PySpy, top_frames
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -50,14 +55,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deployment", choices=["proxy", "middleware", "both"], default="both",
                         help="proxy: tokentrail intercept in front of the engine; middleware: inside its server")
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    parser.add_argument("--profile", type=Path, metavar="FILE",
+                        help="py-spy raw profile of the capturing process (the proxy, or the engine's server with "
+                             "the middleware) over the captured rounds only, to FILE (one per deployment: "
+                             "FILE's stem gets the deployment's name); prints its top frames")
     parser.add_argument("--engine", choices=["reference", "vllm"], default="reference",
                         help="reference: tokentrail policy (decode emulated); vllm: the real engine (CPU build, "
                              "`make vllm`) on the tiny random-weight checkpoint")
-
-
-def _pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
 async def _load(url: str, body: dict, n: int, concurrency: int, timings: list[float] | None,
@@ -104,9 +108,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         acks = _warm_broker(bootstrap, args.broker_warmup, tag=time.strftime("%H%M%S"))
         for deployment in (["proxy", "middleware"] if args.deployment == "both" else [args.deployment]):
-            _run(args, deployment, bootstrap, run_dir / deployment, _pct(acks, 50) if acks else None)
+            _run(args, deployment, bootstrap, run_dir / deployment, percentile(acks, 50) if acks else None)
         if acks:
-            print(f"Kafka ack, direct        p50 {_ms(_pct(acks, 50))}   p99 {_ms(_pct(acks, 99))}   (bare acks=all "
+            print(f"Kafka ack, direct        p50 {_ms(percentile(acks, 50))}   p99 {_ms(percentile(acks, 99))}   (bare acks=all "
                   f"produce of a capture-sized record, after {args.broker_warmup} warm-up records)")
     finally:
         if broker_dir is not None:
@@ -169,15 +173,21 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
         server = engine_proc.pid if engine_proc is not None else stack.services["policy"].proc.pid
         capturer = stack.services["interceptor"].proc.pid if deployment == "proxy" else server
         cpu = {"direct": 0.0, "via": 0.0}
-        for _ in range(args.rounds):
+        spies: list[PySpy] = []
+        for round_no in range(args.rounds):
             before = _cpu_s(server)
             direct += asyncio.run(_load(direct_url, direct_body, args.calls_per_round, args.concurrency, None,
                                         stagger, seeded=seeded))
             cpu["direct"] += _cpu_s(server) - before
+            if args.profile is not None:
+                spies.append(PySpy(capturer, run_dir / f"profile.{round_no}.raw"))
+                spies[-1].start()
             before = _cpu_s(capturer)
             via += asyncio.run(_load(via_url, body, args.calls_per_round, args.concurrency, ours, stagger,
                                      engine_seen, hop, seeded=seeded))
             cpu["via"] += _cpu_s(capturer) - before
+            if spies:
+                spies[-1].stop()
         prompt_tokens = _prompt_tokens(stack.policy_url, body)
         metrics_path = "/metrics" if deployment == "proxy" else "/tokentrail/metrics"
         metrics = httpx.get(f"{capture_base}{metrics_path}", timeout=10).text
@@ -186,20 +196,20 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
     print(f"== {deployment}: {len(via)} calls per path, concurrency {args.concurrency}, prompt {prompt_tokens} "
           f"tokens, {args.gen_tokens} generated tokens, {decode}, durable ack (acks=all) on every captured call")
     baseline = "direct to engine" if deployment == "proxy" else "uncaptured route"
-    print(f"{baseline:<24} p50 {_ms(_pct(direct, 50))}   p99 {_ms(_pct(direct, 99))}")
-    print(f"{'captured':<24} p50 {_ms(_pct(via, 50))}   p99 {_ms(_pct(via, 99))}")
-    print(f"{'added (client view)':<24} p50 {_ms(_pct(via, 50) - _pct(direct, 50))}   "
-          f"p99 {_ms(_pct(via, 99) - _pct(direct, 99))}   (budget p50 <= 3 ms, p99 <= 10 ms)")
-    print(f"{'capture overhead':<24} p50 {_ms(_pct(ours, 50))}   p99 {_ms(_pct(ours, 99))}   "
+    print(f"{baseline:<24} p50 {_ms(percentile(direct, 50))}   p99 {_ms(percentile(direct, 99))}")
+    print(f"{'captured':<24} p50 {_ms(percentile(via, 50))}   p99 {_ms(percentile(via, 99))}")
+    print(f"{'added (client view)':<24} p50 {_ms(percentile(via, 50) - percentile(direct, 50))}   "
+          f"p99 {_ms(percentile(via, 99) - percentile(direct, 99))}   (budget p50 <= 3 ms, p99 <= 10 ms)")
+    print(f"{'capture overhead':<24} p50 {_ms(percentile(ours, 50))}   p99 {_ms(percentile(ours, 99))}   "
           f"mean {_ms(statistics.fmean(ours))}   (budget p50 <= 1 ms, p99 <= 5 ms; Server-Timing: all but the engine "
           "wait, durable ack included)")
-    print(f"{'engine as seen by it':<24} p50 {_ms(_pct(engine_seen, 50))}   p99 {_ms(_pct(engine_seen, 99))}")
+    print(f"{'engine as seen by it':<24} p50 {_ms(percentile(engine_seen, 50))}   p99 {_ms(percentile(engine_seen, 99))}")
     what = ("the proxy's extra HTTP hop" if deployment == "proxy" else
             "the server's own HTTP hop, which the uncaptured route pays too")
-    print(f"{'client <-> server':<24} p50 {_ms(_pct(hop, 50))}   p99 {_ms(_pct(hop, 99))}   "
+    print(f"{'client <-> server':<24} p50 {_ms(percentile(hop, 50))}   p99 {_ms(percentile(hop, 99))}   "
           f"(client latency less both Server-Timing parts: {what})")
-    print(f"{'  of which Kafka ack':<24} p50 <= {_hist_pct(metrics, 'tokentrail_publish_seconds', 50) * 1000:.1f} ms"
-          f"   p99 <= {_hist_pct(metrics, 'tokentrail_publish_seconds', 99) * 1000:.1f} ms   (histogram bucket bounds)")
+    print(f"{'  of which Kafka ack':<24} p50 <= {_histpercentile(metrics, 'tokentrail_publish_seconds', 50) * 1000:.1f} ms"
+          f"   p99 <= {_histpercentile(metrics, 'tokentrail_publish_seconds', 99) * 1000:.1f} ms   (histogram bucket bounds)")
     per_via, per_direct = cpu["via"] / len(via), cpu["direct"] / len(direct)
     if deployment == "proxy":
         capture_cpu = per_via
@@ -209,21 +219,27 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
         capture_cpu = per_via - per_direct
         print(f"{'server CPU':<24} {_ms(per_via)} per captured call, {_ms(per_direct)} per uncaptured call: the "
               f"capture adds {_ms(capture_cpu)} ({capture_cpu / per_direct:+.0%} of the server's own), from /proc")
+    if args.profile is not None:
+        out = args.profile.with_stem(f"{args.profile.stem}.{deployment}")
+        out.write_text("".join(spy.out.read_text() for spy in spies if spy.out.exists()))
+        print(f"profile of the capturing process, captured rounds only: {out} (py-spy raw)")
+        for line in top_frames(out.read_text(), what=f"the {'proxy' if deployment == 'proxy' else 'server'} "
+                                                     "during the captured rounds"):
+            print(f"  {line}")
     name = f"interceptor.{deployment}.c{args.concurrency}"
     # the lines of `make bench`'s table (compose.tools.bench.budgets)
     ack_ms = ack_p50 * 1000 if ack_p50 else None
     print(budget_line(f"{name}.cpu_per_call_ms", capture_cpu * 1000, 1.5))
     if deployment == "middleware" and args.engine == "vllm":  # the API server's own CPU per call is vLLM's
         print(budget_line(f"{name}.api_server_cpu_ratio", per_via / per_direct, 1.10))
-    print(budget_line(f"{name}.overhead_p50_ms", _pct(ours, 50) * 1000, 1.0, baseline=ack_ms))
-    print(budget_line(f"{name}.overhead_p99_ms", _pct(ours, 99) * 1000, 5.0, baseline=ack_ms))
-    print(budget_line(f"{name}.added_p50_ms", (_pct(via, 50) - _pct(direct, 50)) * 1000, 3.0))
+    print(budget_line(f"{name}.overhead_p50_ms", percentile(ours, 50) * 1000, 1.0, baseline=ack_ms))
+    print(budget_line(f"{name}.overhead_p99_ms", percentile(ours, 99) * 1000, 5.0, baseline=ack_ms))
+    print(budget_line(f"{name}.added_p50_ms", (percentile(via, 50) - percentile(direct, 50)) * 1000, 3.0))
 
 
 def _cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` (its threads included), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu_seconds(Path(f"/proc/{pid}/stat").read_text(), os.sysconf("SC_CLK_TCK"))
 
 
 def _ms(seconds: float) -> str:
@@ -257,7 +273,7 @@ def _warm_broker(bootstrap: str, n: int, tag: str, size: int = 6 << 10) -> list[
     return out[-1000:]
 
 
-def _hist_pct(text: str, name: str, p: float) -> float:
+def _histpercentile(text: str, name: str, p: float) -> float:
     """Upper bound of the bucket holding the p-th percentile of a Prometheus histogram."""
     buckets = []
     for line in text.splitlines():
