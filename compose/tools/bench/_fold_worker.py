@@ -31,8 +31,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from compose.tools.bench.measure import cpu_seconds, machine_busy
-from compose.tools.bench.pyspy import PySpy
+from compose.tools.bench._measure import cpu_seconds, machine_busy
+from compose.tools.bench._pyspy import PySpy
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from compose.tools.bench._measure import cpu_seconds, machine_busy, percentile
 from compose.tools.bench.budgets import budget_line, figure_line
-from compose.tools.bench.measure import cpu_seconds, machine_busy, percentile
 
 BUDGET_P95_S = {1: 0.250, 32: 0.500}
 SERVICES = ("interceptor", "processor", "consumer", "policy")

@@ -195,7 +195,7 @@ def _worker(args: argparse.Namespace, records: list[tuple[bytes, bytes]], event_
             pure_rate: float) -> tuple[float, WorkerRun] | None:
     """Run and report one real worker; (write amplification, its run), None when no broker could start."""
     from compose.tools.bench._fold_worker import run_worker
-    from compose.tools.bench.pyspy import top_frames
+    from compose.tools.bench._pyspy import top_frames
 
     finishes = {key: i for i, (key, _) in enumerate(records)}  # a rollout's last event is its finish
     run_dir = Path(tempfile.mkdtemp(prefix="tokentrail-bench-fold-"))

@@ -12,7 +12,7 @@ ack, answering). Budgets (ARCHITECTURE §8): added latency p50 ≤ 3 ms, p99 ≤
 capture overhead p50 ≤ 1 ms, p99 ≤ 5 ms.
 
 ``--profile FILE`` records the capturing process with py-spy over the captured rounds
-(``compose.tools.bench.pyspy``) and prints its top frames: the profiles of ``docs/perf/interceptor.md``.
+(``compose.tools.bench._pyspy``) and prints its top frames: the profiles of ``docs/perf/interceptor.md``.
 
 ``--engine vllm`` puts real vLLM (its CPU build from ``make vllm``, on the tiny
 random-weight checkpoint) in place of the reference server, in both deployments: in
@@ -36,9 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from compose.tools.bench._measure import cpu_seconds, percentile
+from compose.tools.bench._pyspy import PySpy, top_frames
 from compose.tools.bench.budgets import budget_line
-from compose.tools.bench.measure import cpu_seconds, percentile
-from compose.tools.bench.pyspy import PySpy, top_frames
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

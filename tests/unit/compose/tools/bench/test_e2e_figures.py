@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from compose.tools.bench._measure import cpu_seconds, machine_busy, percentile
 from compose.tools.bench.e2e import STAGE_SPANS, cpu_per_call, finish_to_delivered, read_cpu, stage_breakdown
-from compose.tools.bench.measure import cpu_seconds, machine_busy, percentile
 
 PATH_MARKS = ["finish.sent", "finish.record", "proc.fetched", "proc.folded", "proc.sent", "proc.snapshot_acked",
               "cons.polled", "cons.rebuilt", "cons.delivered"]

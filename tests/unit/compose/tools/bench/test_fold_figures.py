@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
+from compose.tools.bench._pyspy import top_frames
 from compose.tools.bench.budgets import budget_line, figure_line, parse
-from compose.tools.bench.pyspy import top_frames
 
 BUDGET_LINE = re.compile(r"^BUDGET (\S+) value=(-?[0-9.]+) budget=(>=|<=)([0-9.]+)"
                          r"(?: baseline=([0-9.]+) ratio=([0-9.]+))? ok=(true|false)$")
