@@ -10,12 +10,8 @@
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent  # the venv's bin: ruff and mypy are dev dependencies
-MYPY_TARGETS = ("schemas", "producers", "processors", "consumers", "compose")
+from tests.unit.lint_jobs import BIN, MYPY_TARGETS, REPO, mypy_result
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -28,7 +24,5 @@ def test_ruff_finds_nothing():
 
 
 def test_mypy_finds_nothing():
-    # The repository's cache: about 30 s cold on 2 cores, a second or two warm.
-    result = _run(str(BIN / "mypy"), "--cache-dir", str(REPO / ".mypy_cache"), *MYPY_TARGETS)
-    assert result.returncode == 0, (f"mypy {' '.join(MYPY_TARGETS)} (exit {result.returncode}):\n"
-                                    f"{result.stdout}{result.stderr}")
+    returncode, output = mypy_result()
+    assert returncode == 0, f"mypy {' '.join(MYPY_TARGETS)} (exit {returncode}):\n{output}"
