@@ -229,7 +229,11 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
     name = f"interceptor.{deployment}.c{args.concurrency}"
     # the lines of `make bench`'s table (compose.tools.bench.budgets)
     ack_ms = ack_p50 * 1000 if ack_p50 else None
-    print(budget_line(f"{name}.cpu_per_call_ms", capture_cpu * 1000, 1.5))
+    if capture_cpu > 0:
+        print(budget_line(f"{name}.cpu_per_call_ms", capture_cpu * 1000, 1.5))
+    else:  # the server's own CPU per call varies by more than the capture costs: no figure to judge
+        print(f"{'':<24} the capture's CPU is within the noise of the server's own: no cpu_per_call budget line "
+              "(more calls per round resolve it)")
     if deployment == "middleware" and args.engine == "vllm":  # the API server's own CPU per call is vLLM's
         print(budget_line(f"{name}.api_server_cpu_ratio", per_via / per_direct, 1.10))
     print(budget_line(f"{name}.overhead_p50_ms", percentile(ours, 50) * 1000, 1.0, baseline=ack_ms))
