@@ -1,5 +1,8 @@
 """The fold agent's work on a batch of rollout events: fold, store, emit, ack (used by ``processors.app``).
 
+Not pure: this is the Faust edge of the fold (faust's topics, the changelog table); the fold it
+drives (``processors.fold``, ``processors.decode``) is pure and listed in the ``pure`` import contract.
+
 ``FoldLoop.fold(messages)`` takes the messages of one fetch (``processors.intake``)
 and, in order:
 
