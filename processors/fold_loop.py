@@ -50,20 +50,35 @@ class FoldCount:
 
     Per-worker throughput from the worker's own log (``tokentrail bench scaleout``); a worker
     killed with -9 has logged all but its last second. Redelivered events count: they were folded.
+    A count not logged because the last line is under a second old is logged when that second
+    ends (inside an event loop), so the log is never more than a second behind the fold, also
+    when the worker goes quiet: what a stalled pipeline's logs are read for.
     """
 
-    __slots__ = ("n", "_next")
+    __slots__ = ("n", "_next", "_logged", "_due")
 
     def __init__(self) -> None:
-        self.n, self._next = 0, time.monotonic() + 1.0
+        self.n, self._next, self._logged, self._due = 0, time.monotonic() + 1.0, 0, False
 
     def add(self, n: int = 1) -> None:
         self.n += n
-        if time.monotonic() >= self._next:
+        now = time.monotonic()
+        if now >= self._next:
+            self.log()
+        elif not self._due:
+            try:
+                asyncio.get_running_loop().call_later(self._next - now, self._log_due)
+                self._due = True
+            except RuntimeError:  # no loop (tests): logged at the next add or at stop
+                pass
+
+    def _log_due(self) -> None:
+        self._due = False
+        if self.n != self._logged:
             self.log()
 
     def log(self) -> None:
-        self._next = time.monotonic() + 1.0
+        self._next, self._logged = time.monotonic() + 1.0, self.n
         log.info("folded %d events", self.n)
 
 

@@ -202,7 +202,41 @@ class LocalStack:
             self.check_alive()
             time.sleep(0.2)
         missing = sorted(set(rollout_ids) - set(found))
-        raise StackError(f"rollouts {missing} were not delivered within {timeout:.0f} s\n" + self._logs())
+        raise StackError(f"rollouts {missing} were not delivered within {timeout:.0f} s\n{self._positions_text()}\n"
+                         + self._logs())
+
+    def positions(self) -> dict[str, dict[int, tuple[int, int]]]:
+        """Where the pipeline stands: topic -> partition -> (end offset, its group's committed offset).
+
+        rollout-events against the fold workers' group, snapshots against the consumers' group: which
+        stage a rollout that was not delivered waits in (a failed `wait_rollouts` prints them). A
+        committed offset is -1001 where the group has committed none.
+        """
+        import confluent_kafka
+
+        from schemas.kafka.config import consumer_config
+
+        out: dict[str, dict[int, tuple[int, int]]] = {}
+        for topic, group in ((self.topics.rollout_events, self.processor_id),
+                             (self.topics.snapshots, f"{self.processor_id}-consumer")):
+            client = confluent_kafka.Consumer(consumer_config(self.bootstrap, group))  # never joins: reads only
+            try:
+                parts = [confluent_kafka.TopicPartition(topic, p) for p in range(self.partitions)]
+                committed = {tp.partition: tp.offset for tp in client.committed(parts, timeout=10)}
+                out[topic] = {tp.partition: (client.get_watermark_offsets(tp, timeout=10)[1], committed[tp.partition])
+                              for tp in parts}
+            finally:
+                client.close()
+        return out
+
+    def _positions_text(self) -> str:
+        try:
+            positions = self.positions()
+        except Exception as exc:  # a diagnosis only: never hide the failure it explains
+            return f"--- positions ---\nunknown: {exc!r}"
+        lines = [f"{topic}: " + ", ".join(f"[{p}] end {end} committed {done}" for p, (end, done) in parts.items())
+                 for topic, parts in positions.items()]
+        return "--- positions (end offset, committed by the fold workers / the consumers) ---\n" + "\n".join(lines)
 
     # -- faults (chaos) -------------------------------------------------------------
     def kill(self, name: str) -> int:

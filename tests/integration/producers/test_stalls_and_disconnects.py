@@ -114,3 +114,26 @@ async def test_a_harness_that_leaves_mid_stream_masks_its_rollout(stalling_stack
     record = (await asyncio.to_thread(stack.wait_rollouts, [rid], 90))[rid]
     detail = _capture_reason(record)
     assert detail.startswith("client_disconnected") and "intent_without_capture" not in detail
+
+
+def test_positions_show_each_stage_caught_up_once_rollouts_are_delivered(stalling_stack):
+    """What a failed wait prints: every partition's end offset beside its group's commit."""
+    stack = stalling_stack
+    rid = f"pos-{uuid.uuid4().hex[:6]}"
+    asyncio.run(_turn(stack, rid, "weather in Oslo?", stream=False))
+    stack.finish(rid, {"reward": 1.0})
+    stack.wait_rollouts([rid], 90)
+
+    def caught_up(positions) -> bool:  # an empty partition has no commit (-1001)
+        return all(done == end or (end == 0 and done < 0) for parts in positions.values()
+                   for end, done in parts.values())
+
+    deadline, positions = time.monotonic() + 60, {}
+    while time.monotonic() < deadline:  # both groups commit after their work, not with it
+        positions = stack.positions()
+        if caught_up(positions):
+            break
+        time.sleep(0.5)
+    events, snapshots = positions[stack.topics.rollout_events], positions[stack.topics.snapshots]
+    assert sum(end for end, _ in snapshots.values()) >= 1 and sum(end for end, _ in events.values()) >= 3
+    assert caught_up(positions), positions
