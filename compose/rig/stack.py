@@ -47,6 +47,9 @@ class LocalStack:
     partitions: int = DEFAULT_PARTITIONS  # of the topics it creates; its fold workers are told the same
     sink: str = "jsonl"  # the consumer's sink: "jsonl" (rollouts_path) or "kafka" (the prefixed rebuilt topic)
     die_with_parent: bool = False  # services get SIGTERM when the spawning thread ends (kill -9 included): _die_with_parent
+    # How long the fold workers and consumers wait at start for the broker (--topic-wait). The product's 10 s
+    # fails fast on a wrong address; on a loaded 2-core VM the rig's own broker was seen silent for longer.
+    topic_wait_s: float = 60.0
     services: dict[str, Service] = field(default_factory=dict)
 
     @property
@@ -96,7 +99,8 @@ class LocalStack:
         """
         service = self._spawn(name, "process", "--bootstrap", self.bootstrap, "--data-dir", str(self.run_dir / name),
                               "--app-id", self.processor_id, "--partitions", str(self.partitions),
-                              "--topic-prefix", self.topic_prefix, "--log-level", "INFO")
+                              "--topic-prefix", self.topic_prefix, "--topic-wait", str(self.topic_wait_s),
+                              "--log-level", "INFO")
         if wait:
             service.wait_line("Worker ready", timeout=90)
         return service
@@ -111,7 +115,8 @@ class LocalStack:
         sink = ("--sink", "jsonl", "--sink-path", str(path)) if self.sink == "jsonl" else ("--sink", self.sink)
         return self._spawn(name, "consume", "--bootstrap", self.bootstrap, *sink,
                            "--group-id", group_id or f"{self.processor_id}-consumer",
-                           "--topic-prefix", self.topic_prefix, *self.consumer_args)
+                           "--topic-prefix", self.topic_prefix, "--topic-wait", str(self.topic_wait_s),
+                           *self.consumer_args)
 
     def wait_log(self, name: str, needle: str, timeout: float = 90.0) -> str:
         """Wait until the service ``name`` logged a line containing ``needle``; that line."""
@@ -186,17 +191,19 @@ class LocalStack:
                        json={"result": result, "final_response_id": final_response_id, "final_text": final_text})
         r.raise_for_status()
 
+    def delivered(self) -> list[dict[str, Any]]:
+        """Every record the JSONL sink holds, in delivery order (see `read_delivered`)."""
+        return read_delivered(self.rollouts_path)
+
     def wait_rollouts(self, rollout_ids: list[str], timeout: float = 60.0) -> dict[str, dict[str, Any]]:
         """The delivered JSON record of each rollout (the latest version), waiting for all of them."""
         deadline = time.monotonic() + timeout
         found: dict[str, dict[str, Any]] = {}
         while time.monotonic() < deadline:
             found = {}
-            if self.rollouts_path.exists():
-                for line in self.rollouts_path.read_text().splitlines():
-                    record = json.loads(line)
-                    if record["rollout_id"] in rollout_ids:
-                        found[record["rollout_id"]] = record
+            for record in self.delivered():
+                if record["rollout_id"] in rollout_ids:
+                    found[record["rollout_id"]] = record
             if set(found) >= set(rollout_ids):
                 return found
             self.check_alive()
@@ -304,6 +311,20 @@ class LocalStack:
 
     def _logs(self) -> str:
         return "\n".join(f"--- {s.name} ---\n{s.log_tail(15)}" for s in self.services.values())
+
+
+def read_delivered(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSONL sink file, in order; none if it does not exist yet.
+
+    Whole lines only: a reader polling the file can find the consumer half-way through writing a
+    large record (a 10,000-token rollout is ~1 MB), and that line is left for the next read.
+    """
+    if not path.exists():
+        return []
+    lines = path.read_bytes().splitlines(keepends=True)
+    if lines and not lines[-1].endswith(b"\n"):
+        lines.pop()
+    return [json.loads(line) for line in lines]
 
 
 def capture_root(interceptor_url: str, rollout_id: str) -> str:

@@ -158,11 +158,9 @@ async def _wait_delivered(stack: LocalStack, rollout_ids: list[str], timeout: fl
     deadline = time.monotonic() + timeout
     while True:
         found: dict[str, list[dict]] = defaultdict(list)
-        if stack.rollouts_path.exists():
-            for line in stack.rollouts_path.read_bytes().splitlines():
-                record = json.loads(line)
-                if record["rollout_id"] in wanted:
-                    found[record["rollout_id"]].append(record)
+        for record in stack.delivered():
+            if record["rollout_id"] in wanted:
+                found[record["rollout_id"]].append(record)
         if set(found) >= wanted or time.monotonic() > deadline:
             return dict(found)
         await asyncio.sleep(0.25)
