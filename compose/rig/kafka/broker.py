@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -162,8 +163,16 @@ def new_cluster_id() -> str:
 
 
 def render_server_properties(*, broker_port: int, controller_port: int, data_dir: Path | str,
-                             partitions: int = 4) -> str:
-    """server.properties for one combined broker+controller node with a static quorum."""
+                             partitions: int = 4, properties: Mapping[str, str] | None = None) -> str:
+    """server.properties for one combined broker+controller node with a static quorum.
+
+    ``properties`` are appended, so they override the defaults above (Kafka keeps the last value of a key).
+    """
+    extra = "".join(f"{key}={value}\n" for key, value in (properties or {}).items())
+    return _base_properties(broker_port, controller_port, data_dir, partitions) + extra
+
+
+def _base_properties(broker_port: int, controller_port: int, data_dir: Path | str, partitions: int) -> str:
     p = partitions
     return f"""\
 process.roles=broker,controller
@@ -264,8 +273,12 @@ def broker_status(state_dir: Path | str | None = None) -> BrokerInfo | None:
 
 def start_broker(state_dir: Path | str | None = None, *, partitions: int = 4, heap: str = "512m",
                  libs_dir: Path | str | None = None,
-                 ready_timeout: float = READY_TIMEOUT_S) -> BrokerInfo:
-    """Start (or reuse) the broker of ``state_dir``; returns once it answers metadata requests."""
+                 ready_timeout: float = READY_TIMEOUT_S,
+                 properties: Mapping[str, str] | None = None) -> BrokerInfo:
+    """Start (or reuse) the broker of ``state_dir``; returns once it answers metadata requests.
+
+    ``properties`` override server.properties settings of a new broker (and of its restarts).
+    """
     if partitions < 1:
         raise BrokerError(f"partitions must be at least 1, got {partitions}")
     state = (Path(state_dir) if state_dir else default_state_dir()).resolve()
@@ -280,14 +293,14 @@ def start_broker(state_dir: Path | str | None = None, *, partitions: int = 4, he
     libs = ensure_jars(libs_dir)
     version = kafka_version(libs) or "unknown"
     for _ in range(3):  # a picked port can be taken by someone else before Kafka binds it
-        info = _launch(state, java, libs, version, partitions, heap, ready_timeout)
+        info = _launch(state, java, libs, version, partitions, heap, ready_timeout, properties)
         if info is not None:
             return info
     raise BrokerError(f"Kafka could not bind a free loopback port (3 tries); see {state}/broker.log")
 
 
 def _launch(state: Path, java: str, libs: Path, version: str, partitions: int, heap: str,
-            ready_timeout: float) -> BrokerInfo | None:
+            ready_timeout: float, properties: Mapping[str, str] | None = None) -> BrokerInfo | None:
     """Format and run one broker; None if it lost a port race (the caller retries)."""
     data_dir = state / "data"
     shutil.rmtree(data_dir, ignore_errors=True)  # leftovers of a killed broker: ephemeral anyway
@@ -295,7 +308,7 @@ def _launch(state: Path, java: str, libs: Path, version: str, partitions: int, h
     broker_port, controller_port = pick_free_ports(2)
     props = state / "server.properties"
     props.write_text(render_server_properties(broker_port=broker_port, controller_port=controller_port,
-                                              data_dir=data_dir, partitions=partitions))
+                                              data_dir=data_dir, partitions=partitions, properties=properties))
     try:
         fmt = subprocess.run(java_command(java, libs, version, "256m", "kafka.tools.StorageTool",
                                           "format", "-t", new_cluster_id(), "-c", str(props)),

@@ -264,3 +264,11 @@ def test_broker_not_ready_is_killed_and_reported_with_its_log(tmp_path: Path, mo
 def test_start_rejects_zero_partitions(tmp_path: Path) -> None:
     with pytest.raises(BrokerError, match="partitions must be at least 1"):
         kafka_broker.start_broker(tmp_path, partitions=0)
+
+
+def test_server_properties_take_overrides_after_the_defaults(tmp_path: Path) -> None:
+    text = render_server_properties(broker_port=1, controller_port=2, data_dir=tmp_path,
+                                    properties={"broker.session.timeout.ms": "3000", "num.io.threads": "1"})
+    props = _parse_properties(text)  # Kafka, like this parser, keeps the last value of a key
+    assert props["broker.session.timeout.ms"] == "3000" and props["num.io.threads"] == "1"
+    assert text.index("num.io.threads=2") < text.index("num.io.threads=1")
