@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import tempfile
@@ -174,7 +173,7 @@ def _level(stack, stage_log, concurrency: int, n: int, tool_calls: int) -> Level
     busy = (machine_after[0] - machine[0]) / max(machine_after[1] - machine[1], 1)
     marks = read_stage_log(stage_log.path.read_text().splitlines())
     seconds = max(marks[r]["cons.delivered"] for r in ids) - start
-    delivered = [json.loads(line) for line in stack.rollouts_path.read_text().splitlines()]
+    delivered = stack.delivered()
     mine = [d for d in delivered if d["rollout_id"] in set(ids)]
     if sorted(d["rollout_id"] for d in mine) != sorted(ids):
         raise RuntimeError(f"the sink holds {len(mine)} records for {len(ids)} rollouts: not each exactly once")
