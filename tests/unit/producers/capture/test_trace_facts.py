@@ -192,6 +192,31 @@ def test_no_user_message_no_digests_and_at_most_64():
     assert opening_text_digests(many) == [text_digest(f"part {i}") for i in range(MAX_OPENING_DIGESTS)]
 
 
+def test_a_repeated_opening_is_normalised_once_and_the_memo_stays_bounded(monkeypatch):
+    import producers.capture.trace_facts as facts
+
+    normalised: list[str] = []
+
+    def counting(text: str) -> str:
+        normalised.append(text)
+        return text_digest(text)
+
+    monkeypatch.setattr(facts, "text_digest", counting)
+    monkeypatch.setattr(facts, "_MEMO", facts._OpeningDigestMemo(2))
+    long = "word  and\nword " * 3000
+    turn = [{"role": "user", "content": [{"type": "text", "text": long}, {"type": "text", "text": "task a"}]}]
+    for _ in range(3):  # every call of a rollout repeats its opening turn
+        assert opening_text_digests(turn) == [text_digest(long), text_digest("task a")]
+    assert normalised == [long, "task a"]
+    # Texts differing in whitespace only have the same digest but are separate entries; the oldest goes.
+    assert opening_text_digests([{"role": "user", "content": "task  a"}]) == [text_digest("task a")]
+    assert len(facts._MEMO._digests) == 2  # "task a" and "task  a": the long text went first
+    assert opening_text_digests(turn) == [text_digest(long), text_digest("task a")]
+    assert normalised == [long, "task a", "task  a", long, "task a"]
+    lone = "\ud800 surrogate"  # encoded as text_digest encodes it, never an error
+    assert opening_text_digests([{"role": "user", "content": lone}]) == [text_digest(lone)]
+
+
 async def test_a_responses_string_input_is_its_opening_message(over_engine, publisher):
     engine = FakeVLLM()
     http, _ = await over_engine(engine)
