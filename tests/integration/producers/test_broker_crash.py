@@ -32,11 +32,13 @@ PLANS = {"reference": (8, 6, 0.0), "vllm": (24, 3, 0.25)}
 FAST_RESTART = {"broker.session.timeout.ms": "3000", "broker.heartbeat.interval.ms": "500"}
 
 
-@pytest.fixture
-def crashable(tmp_path, kafka_flavor):
+@pytest.fixture(scope="module")
+def crashable(tmp_path_factory, kafka_flavor):
+    """A broker of this module's own, killed and restarted by each test (its topics are the test's own):
+    one broker start (~10 s) for both engines."""
     if kafka_flavor not in ("jar", "external"):
         pytest.skip("needs a jar broker this test can kill and restart")
-    state = tmp_path / "kafka"
+    state = tmp_path_factory.mktemp("crashable") / "kafka"
     info = start_broker(state, properties=FAST_RESTART)
     yield state, info.bootstrap
     stop_broker(state)
