@@ -70,14 +70,18 @@ class Flight:
         """Before each token: freeze while paused in keep mode, pace, and report an abort."""
         if self.aborted:
             return False
+        loop = asyncio.get_running_loop()
         if self.control.frozen:
             await self._until(lambda: not self.control.frozen)
+            self._due = loop.time()  # the pace starts again at the resume: no burst of frozen tokens
         if ms_per_token and not self.aborted:
-            # Paced against a deadline, with a plain timer: sleeping ms_per_token after each token added every
-            # timer's lateness (512 tokens at 5 ms took ~3.9 s, not 2.6, at 64 concurrent generations), and
-            # wait_for built a task per token. An abort lands at the next token, as vLLM's at its next step.
-            now = asyncio.get_running_loop().time()
-            self._due = max(self._due, now - ms_per_token / 1000) + ms_per_token / 1000  # no burst after a freeze
+            # Paced against a schedule, as a GPU keeps generating while its server is busy: a token late
+            # because the event loop was busy shortens the next wait instead of delaying every later token
+            # (sleeping ms_per_token after each token added every timer's lateness: 512 tokens at 5 ms took
+            # ~3.9 s, not 2.6, at 64 concurrent generations). An abort lands at the next token, as vLLM's
+            # at its next step.
+            now = loop.time()
+            self._due = (self._due or now) + ms_per_token / 1000
             if self._due > now:
                 await asyncio.sleep(self._due - now)
         return not self.aborted

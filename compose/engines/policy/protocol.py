@@ -34,6 +34,7 @@ import json
 from typing import Any
 
 import numpy as np
+import orjson
 
 from compose.engines.policy import tokenizer as tk
 from compose.engines.policy.agent import Generation
@@ -47,6 +48,17 @@ VLLM_VERSION = "0.33.0"
 def dumps(obj: Any) -> str:
     """Compact JSON like pydantic's ``model_dump_json`` (floats round-trip exactly)."""
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def completion_json(obj: dict[str, Any]) -> bytes:
+    """A whole answer's JSON, as ``dumps`` writes it but for float notation (``1e-5``, not ``1e-05``:
+    the same number), in C: the stdlib encoder took a fifth of the server's CPU on 8k-token prompts.
+    Its only floats are log-probs; one that is not finite is refused, as ``dumps`` refuses it (orjson
+    writes it as ``null``, which no log-prob of an answer is)."""
+    data = orjson.dumps(obj)
+    if b'"logprob":null' in data:
+        raise ValueError("Out of range float values are not JSON compliant: a non-finite log-prob")
+    return data
 
 
 def error_body(message: str, err_type: str = "BadRequestError", code: int = 400,

@@ -453,3 +453,16 @@ async def test_continuous_usage_and_prompt_text(client):
     full = await chat(client, messages=user_turn(), return_prompt_text=True)
     assert full["prompt_text"] == chunks[0]["prompt_text"]
     json.dumps(full)  # plain JSON types only
+
+
+def test_the_answer_json_is_the_stdlib_encoders_numbers_and_refuses_a_non_finite_log_prob():
+    from compose.engines.policy.protocol import completion_json, dumps
+
+    answer = {"choices": [{"logprobs": {"content": [{"token": "é", "logprob": -1e-05, "bytes": [195, 169]},
+                                                    {"token": "x", "logprob": -9999.0, "bytes": [120]}]},
+                           "message": {"content": "é\u2028", "tool_calls": []}}], "prompt_token_ids": [0, 2**32 - 1],
+              "service_tier": None}
+    assert json.loads(completion_json(answer)) == json.loads(dumps(answer)) == answer
+    answer["choices"][0]["logprobs"]["content"][1]["logprob"] = float("nan")
+    with pytest.raises(ValueError, match="non-finite log-prob"):
+        completion_json(answer)
