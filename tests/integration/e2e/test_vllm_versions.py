@@ -33,10 +33,11 @@ from compose.rig.stack import LocalStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker, pytest.mark.vllm]
 
-# Enough tokens to outlast the pause most of the time (~20-30 s at this model's 130-200 tokens/s; the
-# sync usually lands within 1-10 s), few enough that a stream and its rescoring take about half a
-# minute. A stream the sync missed is run again, up to ATTEMPTS streams in all.
-MAX_TOKENS = 4_000
+# Enough tokens to outlast the pause: vLLM's /pause lands between engine steps, and on 2 busy cores
+# it was seen to take up to ~15 s locally and more in CI (4,000-token streams, ~20 s, were all missed
+# by the sync in one CI run, in abort mode three times in a row); few enough that a stream and its
+# rescoring take about a minute. A stream the sync missed anyway is run again, up to ATTEMPTS in all.
+MAX_TOKENS = 10_000
 ATTEMPTS = 3
 
 

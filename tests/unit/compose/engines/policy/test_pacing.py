@@ -30,15 +30,21 @@ class Clock:
 
 
 @pytest.fixture
-def clock(monkeypatch):
+def loop():
+    loop = asyncio.new_event_loop()  # its own: another test may have closed or unset the current one
+    yield loop
+    loop.close()
+
+
+@pytest.fixture
+def clock(monkeypatch, loop):
     clock = Clock()
-    loop = asyncio.get_event_loop_policy().get_event_loop()
     monkeypatch.setattr(control_module.asyncio, "sleep", clock.sleep)
     monkeypatch.setattr(loop, "time", lambda: clock.now)
     return clock
 
 
-def test_a_late_token_shortens_the_next_waits_instead_of_delaying_every_later_token(clock):
+def test_a_late_token_shortens_the_next_waits_instead_of_delaying_every_later_token(clock, loop):
     async def run() -> None:
         async with EngineControl().flight() as flight:
             assert await flight.step(5)
@@ -47,13 +53,13 @@ def test_a_late_token_shortens_the_next_waits_instead_of_delaying_every_later_to
             for _ in range(3):
                 assert await flight.step(5)
 
-    asyncio.get_event_loop_policy().get_event_loop().run_until_complete(run())
+    loop.run_until_complete(run())
     # 5, 5 (+12 late), then tokens 3 and 4 are already due (no wait), token 5 waits the remaining 3 ms
     assert clock.slept == [5.0, 5.0, 3.0]
     assert clock.now == pytest.approx(100.025)  # five tokens at 5 ms: on schedule again
 
 
-def test_after_a_freeze_the_pace_starts_again_at_the_resume(clock):
+def test_after_a_freeze_the_pace_starts_again_at_the_resume(clock, loop):
     control = EngineControl()
 
     async def run() -> None:
@@ -69,11 +75,11 @@ def test_after_a_freeze_the_pace_starts_again_at_the_resume(clock):
             assert await flight.step(5)
             assert await flight.step(5)
 
-    asyncio.get_event_loop_policy().get_event_loop().run_until_complete(run())
+    loop.run_until_complete(run())
     assert clock.slept == [5.0, 5.0, 5.0]  # a token time after the resume: no burst of the frozen second's tokens
 
 
-def test_a_non_streamed_generation_arms_one_timer_per_pacing_step_not_per_token(monkeypatch):
+def test_a_non_streamed_generation_arms_one_timer_per_pacing_step_not_per_token(loop):
     steps: list[float] = []
 
     class Flight:
@@ -93,8 +99,7 @@ def test_a_non_streamed_generation_arms_one_timer_per_pacing_step_not_per_token(
     class Gen:
         token_ids = list(range(512))
 
-    gens, produced = asyncio.get_event_loop_policy().get_event_loop().run_until_complete(
-        server_module._decode(Engine(), None, Flight(), [Gen()], 5.0))
+    gens, produced = loop.run_until_complete(server_module._decode(Engine(), None, Flight(), [Gen()], 5.0))
     assert produced == 512
     per_step = int(server_module.PACING_STEP_S * 1000 / 5.0)
     assert len(steps) == -(-512 // per_step) and sum(steps) == pytest.approx(512 * 5.0)
