@@ -27,6 +27,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 # answers after two tool calls and in milliseconds, so its rollouts start one by one across the
 # outage instead of all running through it.
 PLANS = {"reference": (8, 6, 0.0), "vllm": (24, 3, 0.25)}
+# The reference engine's emulated decode: ~20 tokens a call at 40 ms is ~1 s a call, so its 6-call
+# rollouts run through the whole outage (at 4 ms they could all end before the kill, 1 s in).
+REFERENCE_DECODE_MS = "40"
 # A KRaft node restarted after kill -9 waits out its previous registration's session before it
 # serves (broker.session.timeout.ms, 9 s by default): 13-16 s per restart here, 9 s with 3 s.
 FAST_RESTART = {"broker.session.timeout.ms": "3000", "broker.heartbeat.interval.ms": "500"}
@@ -70,7 +73,7 @@ def test_acknowledged_calls_survive_a_broker_crash_exactly_once_in_order(crashab
     tag = uuid.uuid4().hex[:6]
     rollouts, calls, stagger = PLANS["reference" if upstream is None else "vllm"]
     stack = LocalStack(bootstrap, tmp_path / "run", topic_prefix=f"crash{tag}.", processor_id=f"crash{tag}",
-                       policy_args=("--decode-ms-per-token", "4"), upstream_url=upstream,
+                       policy_args=("--decode-ms-per-token", REFERENCE_DECODE_MS), upstream_url=upstream,
                        intercept_args=("--spool-dir", str(tmp_path / "spool"), "--publish-timeout-ms", "2000"))
     with stack:
         # Steady state before the fault: one rollout delivered end to end proves the processor
