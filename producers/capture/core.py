@@ -379,10 +379,15 @@ class CaptureCore:
             reported = engine_spans(raw, generated)
             if versions_of(reported) != [UNNAMED_VERSION]:
                 spans, source = reported, VersionSource.ENGINE
+        if not spans and cv.part_ends:
+            # Continued across aborts: a part's tokens were generated between its dispatch and its abort,
+            # so the part bounds say which version made them, streamed or not. A stream's marks do not:
+            # chunks generated before a pause can reach the interceptor after the announcement that follows
+            # it (a CI run labelled 541 tokens of the old weights with the new version). Part 0 is unknown,
+            # and the rollout masked, unless the version at its abort is the version at its dispatch.
+            spans, source = part_spans(cv.dispatch, cv.part_ends, cv.completion, generated), VersionSource.BRACKET
         if not spans and call.ctx.facts.streamed:
             spans, source = observed_spans(cv.marks, generated), VersionSource.OBSERVED
-        if not spans and cv.part_ends:
-            spans, source = part_spans(cv.dispatch, cv.part_ends, cv.completion, generated), VersionSource.BRACKET
         if not spans:
             spans, source = bracket_spans(cv.dispatch, cv.completion, generated), VersionSource.BRACKET
         if not spans:

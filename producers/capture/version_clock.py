@@ -10,10 +10,14 @@ before)`` marks where a stream saw the version change, and the version at comple
 mark means (``observed`` spans, ``schemas.policy_versions.observed_spans``): the tokens that
 reached the interceptor after it learned of an update are attributed to the new version. That
 is exact when the update is announced while the engine is paused (``/pause?mode=keep``) and
-before it resumes: every token generated before the pause reached the interceptor before the
-announcement (the trainer's ``weight_sync`` waits for that), none generated after the resume
-could come before it. An engine that reports its own spans (vLLM 0.33 ``return_weight_versions``)
-is always preferred.
+before it resumes, and every token generated before the pause reached the interceptor before the
+announcement; none generated after the resume can come before it. The first condition is the
+trainer's procedure; the second is not guaranteed: vLLM's pause returns 20 ms after the engine
+stops, and on a loaded host chunks generated before it were seen to arrive after the
+announcement (a CI run, abort mode: 541 tokens of the old weights). A call continued across
+aborts is therefore labelled by its parts (``part_ends``), not by its marks
+(``CaptureCore.version_facts``). An engine that reports its own spans (vLLM 0.33
+``return_weight_versions``) is always preferred.
 """
 
 from __future__ import annotations

@@ -114,6 +114,53 @@ def _sse(chunks: list[dict]) -> list[bytes]:
     return [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
 
 
+async def test_a_continued_stream_whose_tail_arrives_after_the_announcement_is_not_labelled_new(over, publisher):
+    """abort + continue, vLLM 0.32 (no engine spans): the tokens of the aborted part were generated before
+    the pause, whatever the announcement their chunks arrived after; never the new version's. Seen in CI on
+    real vLLM: the last 541 tokens before an abort reached the interceptor after the trainer's announcement."""
+    app_ref: dict = {}
+    bodies: list[dict] = []
+
+    def chunk(ids, finish=None, **top):
+        lp = [{"token": f"t{t}", "logprob": -0.5, "bytes": [], "top_logprobs": []} for t in ids]
+        return {"id": "c", "object": "chat.completion.chunk", "model": "policy", **top,
+                "choices": [{"index": 0, "delta": {"content": "x" * len(ids)}, "token_ids": ids,
+                             "logprobs": {"content": lp}, "finish_reason": finish}]}
+
+    async def first_part():
+        pieces = _sse([chunk([], prompt_token_ids=[1, 2]), chunk([5, 6]), chunk([7]), chunk([8], finish="abort")])
+        for piece in pieces[:2]:
+            yield piece
+        # Paused, reloaded, announced while the part's last chunks were still on their way: they arrive now.
+        app_ref["app"].core.clock.set_admin("v2")
+        for piece in pieces[2:]:
+            yield piece
+
+    async def continuation():
+        for piece in _sse([chunk([], prompt_token_ids=[1, 2, 5, 6, 7, 8]), chunk([9, 10], finish="length")]):
+            yield piece
+
+    def handler(request):
+        if (r := _models(request)) is not None:
+            return r
+        bodies.append(json.loads(request.content))
+        stream = first_part() if len(bodies) == 1 else continuation()
+        return httpx.Response(200, content=stream, headers={"content-type": "text/event-stream"})
+
+    http, app = await over(handler, abort_policy="continue")
+    app_ref["app"] = app
+    app.core.clock.set_admin("v1")
+    r = await http.post(CHAT.format(rid="late"), json={**BODY, "stream": True, "max_tokens": 6})
+    assert r.status_code == 200 and "[DONE]" in r.text, r.text
+    assert len(bodies) == 2  # the abort was continued
+    (call,) = captured(publisher)
+    assert call.generation_token_ids == [5, 6, 7, 8, 9, 10] and call.facts.continued == 1
+    # Part 0 (dispatched under v1, aborted once v2 was announced) is unknown, so the rollout is masked;
+    # the continuation, sent while paused and generated after the resume, is v2's. Its marks alone would
+    # have put tokens 7 and 8 of part 0 under v2.
+    assert call.facts.version_spans == [span("", 0, 4), span("v2", 4, 6)], call.facts.version_spans
+
+
 async def test_a_stream_is_split_where_the_announced_version_changed(over, publisher):
     """No engine spans (vLLM 0.32): tokens that reached the interceptor after the announcement are the new version's."""
     app_ref = {}
