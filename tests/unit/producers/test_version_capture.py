@@ -110,6 +110,14 @@ async def test_a_non_streamed_call_across_an_update_is_bracketed_with_an_unknown
     assert call.facts.version_spans == [span("", 0, 3)] and call.facts.version_spans_source == "bracket"
 
 
+def chunk(ids: list[int], finish: str | None = None, **top: object) -> dict:
+    """A vLLM 0.32 streamed chat chunk carrying ``ids`` (no engine version spans)."""
+    lp = [{"token": f"t{t}", "logprob": -0.5, "bytes": [], "top_logprobs": []} for t in ids]
+    return {"id": "c", "object": "chat.completion.chunk", "model": "policy", **top,
+            "choices": [{"index": 0, "delta": {"content": "x" * len(ids)}, "token_ids": ids,
+                         "logprobs": {"content": lp}, "finish_reason": finish}]}
+
+
 def _sse(chunks: list[dict]) -> list[bytes]:
     return [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
 
@@ -120,12 +128,6 @@ async def test_a_continued_stream_whose_tail_arrives_after_the_announcement_is_n
     real vLLM: the last 541 tokens before an abort reached the interceptor after the trainer's announcement."""
     app_ref: dict = {}
     bodies: list[dict] = []
-
-    def chunk(ids, finish=None, **top):
-        lp = [{"token": f"t{t}", "logprob": -0.5, "bytes": [], "top_logprobs": []} for t in ids]
-        return {"id": "c", "object": "chat.completion.chunk", "model": "policy", **top,
-                "choices": [{"index": 0, "delta": {"content": "x" * len(ids)}, "token_ids": ids,
-                             "logprobs": {"content": lp}, "finish_reason": finish}]}
 
     async def first_part():
         pieces = _sse([chunk([], prompt_token_ids=[1, 2]), chunk([5, 6]), chunk([7]), chunk([8], finish="abort")])
@@ -164,12 +166,6 @@ async def test_a_continued_stream_whose_tail_arrives_after_the_announcement_is_n
 async def test_a_stream_is_split_where_the_announced_version_changed(over, publisher):
     """No engine spans (vLLM 0.32): tokens that reached the interceptor after the announcement are the new version's."""
     app_ref = {}
-
-    def chunk(ids, finish=None, **top):
-        lp = [{"token": f"t{t}", "logprob": -0.5, "bytes": [], "top_logprobs": []} for t in ids]
-        return {"id": "c", "object": "chat.completion.chunk", "model": "policy", **top,
-                "choices": [{"index": 0, "delta": {"content": "x" * len(ids)}, "token_ids": ids,
-                             "logprobs": {"content": lp}, "finish_reason": finish}]}
 
     async def stream():
         pieces = _sse([chunk([], prompt_token_ids=[1, 2]), chunk([5, 6]), chunk([7])])
