@@ -314,7 +314,7 @@ async def _relay(upstream: Any, acc: ChatStreamAccumulator, out: StreamAdapter, 
             _drop_role(chunk)  # the harness's stream already opened its message
         before = len(acc.token_ids) if acc.token_ids else 0
         try:  # the one chunk reader (producers.dialects.chat_chunks) refuses what no dialect can express
-            acc.feed(chunk)
+            read = acc.feed(chunk)
         except ValueError as exc:
             return (IncompleteReason.UNTRANSLATABLE_OUTPUT,
                     f"engine chunk {acc.chunks + 1} cannot be expressed in the client's dialect: {exc}")
@@ -326,10 +326,11 @@ async def _relay(upstream: Any, acc: ChatStreamAccumulator, out: StreamAdapter, 
                 if isinstance(choice, dict):
                     choice["finish_reason"] = None
                     choice.pop("stop_reason", None)
+            read = read._replace(finish_reason=None, stop_reason=None)
         elif acc.finish_reason in _ENGINE_ENDED:
             return None  # the core records it; the harness gets an error event, not this chunk
         try:
-            piece = out.feed(chunk)
+            piece = out.feed(chunk, read)
         except ValueError as exc:
             return (IncompleteReason.UNTRANSLATABLE_OUTPUT,
                     f"engine chunk {acc.chunks} cannot be expressed in the client's dialect: {exc}")

@@ -17,7 +17,7 @@ from producers.dialects import anthropic
 from producers.dialects.base import ParsedRequest, SpecAdapter, StreamAdapter, TranslatingStream
 from producers.dialects.common import encode_sse
 from producers.engine.info import engine_message
-from producers.http.replies import json_response
+from producers.http.replies import event_json, json_response
 
 __all__ = ["AnthropicAdapter"]
 
@@ -45,7 +45,8 @@ class AnthropicAdapter(SpecAdapter):
 
     def stream_adapter(self, response_id: str, parsed: ParsedRequest) -> StreamAdapter:
         translator = anthropic.StreamTranslator(response_id, str(parsed.original.get("model") or ""))
-        return TranslatingStream(translator, lambda status, message: encode_sse("error", _error_body(status, message)))
+        return TranslatingStream(
+            translator, lambda status, message: encode_sse("error", _error_body(status, message), event_json), event_json)
 
     def error(self, status: int, message: str, kind: str) -> Response:
         return json_response(_error_body(status, message), status)

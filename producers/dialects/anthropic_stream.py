@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from producers.dialects.anthropic_output import stop_fields, usage
-from producers.dialects.chat_chunks import ChunkReader
+from producers.dialects.chat_chunks import ChatChunk, ChunkReader
 from producers.dialects.common import DialectError
 
 Event = tuple[str, dict]
@@ -45,10 +45,11 @@ class StreamTranslator:
         self.open_kind: Any = None  # "thinking" | "text" | ("tool", chat index) | None
         self.tool_blocks = 0
 
-    def feed(self, chunk: dict) -> list[Event]:
+    def feed(self, chunk: dict, read: ChatChunk | None = None) -> list[Event]:
+        """The events ``chunk`` makes possible now; ``read`` is ``read_chunk(chunk)`` if the caller made it."""
         if self.finished:
             raise DialectError("chunk fed after finish()")
-        ops = self.reader.read(chunk)
+        ops = self.reader.read(chunk, read)
         events: list[Event] = []
         if not self.started:
             events.extend(self._start())

@@ -22,7 +22,8 @@ if TYPE_CHECKING:  # the contract is typed against starlette; importing it needs
 
     from producers.dialects.registry import DialectSpec
 
-from producers.dialects.common import encode_sse
+from producers.dialects.chat_chunks import ChatChunk
+from producers.dialects.common import compact_json, encode_sse
 
 __all__ = ["DialectAdapter", "ParsedRequest", "SpecAdapter", "StreamAdapter", "TranslatingStream"]
 
@@ -42,9 +43,11 @@ class ParsedRequest:
 
 
 class StreamAdapter(Protocol):
-    def feed(self, chunk: dict[str, Any]) -> bytes:
+    def feed(self, chunk: dict[str, Any], read: ChatChunk) -> bytes:
         """Bytes to send now for one engine chunk (may be empty). The chunk is the adapter's from here on:
-        it may consume it (the chat adapter strips the token fields in place); the caller reads it no more."""
+        it may consume it (the chat adapter strips the token fields in place); the caller reads it no more.
+        ``read`` is ``chat_chunks.read_chunk(chunk)``, already made by the capture: a translator reads the
+        chunk through it (``ChunkReader.read(chunk, read)``) instead of reading it a second time."""
 
     def finish(self) -> tuple[bytes, bytes]:
         """(the last non-terminal bytes, the terminal event) once the capture is durable."""
@@ -82,18 +85,25 @@ class SpecAdapter:
 
 
 class TranslatingStream:
-    """A ``StreamAdapter`` over a pure translator's ``(event, data)`` lists: encodes them as SSE."""
+    """A ``StreamAdapter`` over a pure translator's ``(event, data)`` lists: encodes them as SSE.
 
-    def __init__(self, translator: Any, error_event: Any) -> None:
+    ``dumps`` encodes one event's data as compact UTF-8 JSON (``common.compact_json``'s bytes; the
+    adapters pass a faster encoder of the same bytes, which this pure module may not import).
+    """
+
+    def __init__(self, translator: Any, error_event: Any, dumps: Any = compact_json) -> None:
         self._t = translator
         self._error_event = error_event  # (status, message) -> bytes, in the dialect's shape
+        self._dumps = dumps
 
-    def feed(self, chunk: dict[str, Any]) -> bytes:
-        return b"".join(encode_sse(name, data) for name, data in self._t.feed(chunk))
+    def feed(self, chunk: dict[str, Any], read: ChatChunk | None = None) -> bytes:
+        dumps = self._dumps
+        return b"".join(encode_sse(name, data, dumps) for name, data in self._t.feed(chunk, read))
 
     def finish(self) -> tuple[bytes, bytes]:
-        rest, terminal = self._t.finish()
-        return b"".join(encode_sse(n, d) for n, d in rest), encode_sse(*terminal)
+        rest, (name, data) = self._t.finish()
+        dumps = self._dumps
+        return b"".join(encode_sse(n, d, dumps) for n, d in rest), encode_sse(name, data, dumps)
 
     def error(self, status: int, message: str, kind: str = "capture_error") -> bytes:
         return self._error_event(status, message)

@@ -64,7 +64,7 @@ class ChatStreamAdapter:
         self.response_id = response_id
         self.keep_logprobs = keep_logprobs
 
-    def feed(self, chunk: dict[str, Any]) -> bytes:
+    def feed(self, chunk: dict[str, Any], read: Any = None) -> bytes:
         # In place: the chunk is this call's own, already read by the capture (one per streamed token, so
         # no copies of it).
         for key in TOP_LEVEL_TOKEN_FIELDS:

@@ -64,41 +64,60 @@ class ChatChunk(NamedTuple):
 
 
 def read_chunk(chunk: Any) -> ChatChunk:
-    """Read one decoded engine chunk; DialectError when it breaks a rule of the module docstring."""
+    """Read one decoded engine chunk; DialectError when it breaks a rule of the module docstring.
+
+    Runs once per streamed token, so it is written flat: no intermediate dicts, no generator, and the
+    common token chunk (a text delta, its ids and log-probs) costs a handful of dict lookups.
+    """
     if not isinstance(chunk, dict):
         raise DialectError("upstream stream chunk must be a JSON object")
-    model = chunk.get("model")
-    created = chunk.get("created")
-    usage = chunk.get("usage")
-    top: dict[str, Any] = dict(model=model if isinstance(model, str) and model else None,
-                               created=created if isinstance(created, int) else None,
-                               usage=usage if isinstance(usage, dict) and usage else None,
-                               prompt_token_ids=_ids(chunk.get("prompt_token_ids"), "prompt_token_ids"))
-    choices = chunk.get("choices") or []
-    if not isinstance(choices, list) or len(choices) > 1 or any(
-            not isinstance(c, dict) or c.get("index", 0) != 0 for c in choices):
-        raise DialectError("upstream stream has a second choice (token capture needs n=1)")
+    get = chunk.get
+    model = get("model")
+    created = get("created")
+    usage = get("usage")
+    prompt_ids = get("prompt_token_ids")
+    if not (isinstance(model, str) and model):
+        model = None
+    if not isinstance(created, int):
+        created = None
+    if not (isinstance(usage, dict) and usage):
+        usage = None
+    if prompt_ids is not None and not isinstance(prompt_ids, list):
+        _list(prompt_ids, "prompt_token_ids")
+    choices = get("choices")
     if not choices:
-        return ChatChunk(**top)
-    choice = choices[0]
+        return ChatChunk(model, created, usage, prompt_ids)
+    if not isinstance(choices, list) or len(choices) > 1 or not isinstance(choice := choices[0], dict) \
+            or choice.get("index", 0) != 0:
+        raise DialectError("upstream stream has a second choice (token capture needs n=1)")
     delta = choice.get("delta") or {}
     if not isinstance(delta, dict):
         raise DialectError("upstream stream choice's delta must be an object")
     finish = choice.get("finish_reason")
     if finish is not None and not isinstance(finish, str):
         raise DialectError(f"upstream finish_reason must be a string, got {finish!r}")
+    text = delta.get("content")
+    if text is not None and not isinstance(text, str):
+        _text(text, "delta.content")
+    reasoning = delta.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, str):
+        _text(reasoning, "delta.reasoning")
+    if not reasoning:  # vLLM 0.33 says "reasoning"; older servers "reasoning_content"; "" says nothing
+        reasoning = _text(delta.get("reasoning_content"), "delta.reasoning_content")
+    calls = delta.get("tool_calls")
+    token_ids = choice.get("token_ids")
+    if token_ids is not None and not isinstance(token_ids, list):
+        _list(token_ids, "token_ids")
     logprobs = choice.get("logprobs")
-    return ChatChunk(
-        **top, has_choice=True,
-        text=_text(delta.get("content"), "delta.content"),
-        reasoning=_reasoning(delta),
-        tools=[_tool(call) for call in _list(delta.get("tool_calls"), "delta.tool_calls")],
-        finish_reason=finish or None,
-        stop_reason=choice.get("stop_reason"),
-        token_ids=_ids(choice.get("token_ids"), "token_ids"),
-        logprobs=_ids(logprobs.get("content"), "logprobs.content") if isinstance(logprobs, dict) else None,
-        weight_versions=choice.get("weight_versions"),
-    )
+    if isinstance(logprobs, dict):
+        logprobs = logprobs.get("content")
+        if logprobs is not None and not isinstance(logprobs, list):
+            _list(logprobs, "logprobs.content")
+    else:
+        logprobs = None
+    return ChatChunk(model, created, usage, prompt_ids, True, text or None, reasoning or None,
+                     [_tool(call) for call in _list(calls, "delta.tool_calls")] if calls is not None else (),
+                     finish or None, choice.get("stop_reason"), token_ids, logprobs, choice.get("weight_versions"))
 
 
 def _text(value: Any, where: str) -> str | None:
@@ -107,22 +126,12 @@ def _text(value: Any, where: str) -> str | None:
     return value or None
 
 
-def _reasoning(delta: dict[str, Any]) -> str | None:
-    # vLLM 0.33 says "reasoning"; older servers "reasoning_content". An empty one says nothing.
-    return _text(delta.get("reasoning"), "delta.reasoning") or _text(delta.get("reasoning_content"),
-                                                                      "delta.reasoning_content")
-
-
 def _list(value: Any, where: str) -> list[Any]:
     if value is None:
         return []
     if not isinstance(value, list):
         raise DialectError(f"upstream stream '{where}' must be a list, got {type(value).__name__}")
     return value
-
-
-def _ids(value: Any, where: str) -> list[Any] | None:
-    return None if value is None else _list(value, where)
 
 
 def _tool(call: Any) -> ToolDelta:
@@ -158,8 +167,9 @@ class ChunkReader:
     tools: dict[int, tuple[str, str]] = field(default_factory=dict)
     last_tool: int | None = None
 
-    def read(self, chunk: dict) -> list[tuple]:
-        c = read_chunk(chunk)
+    def read(self, chunk: dict, read: ChatChunk | None = None) -> list[tuple]:
+        """The operations of one chunk; ``read`` is ``read_chunk(chunk)`` when the caller already made it."""
+        c = read_chunk(chunk) if read is None else read
         self.chunks += 1
         if self.created is None:
             self.created = c.created

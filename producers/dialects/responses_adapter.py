@@ -17,7 +17,7 @@ from producers.dialects import responses
 from producers.dialects.base import ParsedRequest, SpecAdapter, StreamAdapter, TranslatingStream
 from producers.dialects.common import encode_sse
 from producers.engine.info import engine_message
-from producers.http.replies import json_response
+from producers.http.replies import event_json, json_response
 
 __all__ = ["ResponsesAdapter"]
 
@@ -38,7 +38,7 @@ class ResponsesAdapter(SpecAdapter):
         translator = responses.StreamTranslator(response_id, str(parsed.original.get("model") or ""), parsed.original)
         # The error event continues the stream's sequence_number (the SDK checks the order).
         return TranslatingStream(translator, lambda status, message: encode_sse(
-            *translator.error_event(str(status), message)))
+            *translator.error_event(str(status), message), event_json), event_json)
 
     def error(self, status: int, message: str, kind: str) -> Response:
         return json_response({"error": {"message": message, "type": kind, "param": None, "code": str(status)}},

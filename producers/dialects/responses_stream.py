@@ -38,7 +38,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from producers.dialects.chat_chunks import ChunkReader
+from producers.dialects.chat_chunks import ChatChunk, ChunkReader
 from producers.dialects.common import DialectError
 from producers.dialects.responses_output import (
     function_call_item,
@@ -68,10 +68,11 @@ class StreamTranslator:
         self.output: list[dict] = []  # done items
         self.open: dict[str, Any] | None = None  # {"kind", "index", "id", "text", ...}
 
-    def feed(self, chunk: dict) -> list[Event]:
+    def feed(self, chunk: dict, read: ChatChunk | None = None) -> list[Event]:
+        """The events ``chunk`` makes possible now; ``read`` is ``read_chunk(chunk)`` if the caller made it."""
         if self.finished:
             raise DialectError("chunk fed after finish()")
-        ops = self.reader.read(chunk)
+        ops = self.reader.read(chunk, read)
         events: list[Event] = [] if self.started else self._start()
         for op in ops:
             kind = op[0]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from producers.dialects.chat_chunks import read_chunk
+from producers.dialects.chat_chunks import ChatChunk, read_chunk
 from producers.engine.continuation import check_prompt, join_weight_versions
 
 __all__ = ["ChatStreamAccumulator"]
@@ -39,8 +39,9 @@ class ChatStreamAccumulator:
         self._prior_versions: Any = None
         self._prior_completion = 0
 
-    def feed(self, chunk: dict[str, Any]) -> None:
-        """Fold one engine chunk in; DialectError (a ValueError) for a chunk ``read_chunk`` refuses."""
+    def feed(self, chunk: dict[str, Any]) -> ChatChunk:
+        """Fold one engine chunk in and return what it says (``read_chunk``'s reading, for the dialect's
+        translator: one read per chunk); DialectError (a ValueError) for a chunk ``read_chunk`` refuses."""
         c = read_chunk(chunk)
         self.chunks += 1
         self.model = c.model or self.model
@@ -57,7 +58,7 @@ class ChatStreamAccumulator:
                 self.usage = {**c.usage, "completion_tokens": done, "prompt_tokens": prompt,
                               "total_tokens": (prompt or 0) + done}
         if not c.has_choice:
-            return
+            return c
         # Extended in place: a stream's tokens arrive one chunk at a time, and a copy per chunk made the
         # assembly quadratic in the generation (~1.3e5 element copies at 512 tokens).
         if c.token_ids is not None:
@@ -90,6 +91,7 @@ class ChatStreamAccumulator:
             else:
                 offset = self._prior_completion
                 self.weight_versions = join_weight_versions(self._prior_versions, c.weight_versions, offset)
+        return c
 
     def begin_part(self) -> list[int]:
         """An aborted part ended; the next part continues it. Returns the prompt the next part must report."""

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
 
 __all__ = ["DURABILITY_MESSAGE", "FORWARDED_REQUEST_HEADERS", "ErrorShape", "durability_error", "error_response",
-           "forward", "json_response", "path_problem", "upstream_headers"]
+           "event_json", "forward", "json_response", "path_problem", "upstream_headers"]
 
 # The only harness headers the engine gets. What vLLM reads of a request: content-type, x-request-id (its
 # request id with --enable-request-id-headers), traceparent/tracestate (OpenTelemetry); accept and the
@@ -44,6 +44,16 @@ DURABILITY_MESSAGE = ("tokentrail could not make the capture durable (Kafka unav
 
 # (status, message, error type) -> an error response in some dialect's shape.
 ErrorShape = Callable[[int, str, str], Response]
+
+
+def event_json(data: Any) -> bytes:
+    """An SSE event's data as ``producers.dialects.common.compact_json`` makes it, by orjson (~10x faster;
+    the same JSON value, and the same bytes for what translators emit). ValueError, as the stdlib's
+    encoder raises, for what JSON cannot hold."""
+    try:
+        return orjson.dumps(data)
+    except TypeError as exc:  # orjson.JSONEncodeError: the relay records a ValueError as untranslatable
+        raise ValueError(f"a stream event cannot be encoded as JSON: {exc}") from exc
 
 
 def json_response(payload: Any, status: int = 200) -> Response:

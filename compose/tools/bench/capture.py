@@ -37,6 +37,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calls", type=int, default=200, help="calls per round")
     parser.add_argument("--rounds", type=int, default=5, help="rounds per mode (the best is reported)")
     parser.add_argument("--profile", action="store_true", help="print the top 20 frames of each mode")
+    parser.add_argument("--dialect", choices=sorted(_DIALECTS), default="chat",
+                        help="the harness's API (chat: OpenAI chat; anthropic: Claude Code's; responses: Codex's)")
+
+
+def _request(dialect: str, words: str, gen: int, stream: bool) -> tuple[str, bytes]:
+    """(the API path, the harness's request body) of one 8k-prompt call in ``dialect``."""
+    if dialect == "anthropic":
+        body: dict[str, Any] = {"model": "policy", "max_tokens": gen, "stream": stream,
+                                "messages": [{"role": "user", "content": words}]}
+    elif dialect == "responses":
+        body = {"model": "policy", "max_output_tokens": gen, "stream": stream, "input": words}
+    else:
+        body = {"model": "policy", "max_tokens": gen, "stream": stream,
+                "messages": [{"role": "user", "content": words}]}
+    return _DIALECTS[dialect], json.dumps(body).encode()
+
+
+_DIALECTS = {"chat": "/v1/chat/completions", "anthropic": "/v1/messages", "responses": "/v1/responses"}
 
 
 def _answer(prompt: int, gen: int, seed: int) -> dict[str, Any]:
@@ -134,27 +152,27 @@ async def _measure(args: argparse.Namespace, stream: bool) -> tuple[float, float
     app = Interceptor(settings, publisher=_Acks(), upstream=client)  # type: ignore[arg-type]
     await app.startup()
     words = " ".join(f"word{i % 977}" for i in range(args.prompt_tokens // 2))
-    request = json.dumps({"model": "policy", "messages": [{"role": "user", "content": words}],
-                          "max_tokens": args.gen_tokens, "stream": stream}).encode()
+    api, request = _request(args.dialect, words, args.gen_tokens, stream)
     for i in range(20):  # warm: imports, caches, the engine catalog
-        await _call(app, f"/ng-rollout/warm{i}/training-token-capture/v1/chat/completions", request)
+        await _call(app, f"/ng-rollout/warm{i}/training-token-capture{api}", request)
+    engine_request = _request("chat", words, args.gen_tokens, stream)[1]
     best = base = float("inf")
     for r in range(args.rounds):
         t0 = time.process_time()
         for _ in range(args.calls):
-            response = await client.post("/v1/chat/completions", content=request)
+            response = await client.post("/v1/chat/completions", content=engine_request)
             await response.aread()
         base = min(base, (time.process_time() - t0) / args.calls)
         t0 = time.process_time()
         for i in range(args.calls):
-            await _call(app, f"/ng-rollout/r{r}x{i}/training-token-capture/v1/chat/completions", request)
+            await _call(app, f"/ng-rollout/r{r}x{i}/training-token-capture{api}", request)
         best = min(best, (time.process_time() - t0) / args.calls)
     profile = ""
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()
         for i in range(args.calls):
-            await _call(app, f"/ng-rollout/p{i}/training-token-capture/v1/chat/completions", request)
+            await _call(app, f"/ng-rollout/p{i}/training-token-capture{api}", request)
         prof.disable()
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(20)
@@ -165,7 +183,8 @@ async def _measure(args: argparse.Namespace, stream: bool) -> tuple[float, float
 
 
 def main(args: argparse.Namespace) -> int:
-    print(f"capture CPU per call, in process: {args.prompt_tokens}-token prompt, {args.gen_tokens} generated tokens, "
+    print(f"capture CPU per call, in process, {args.dialect} dialect: {args.prompt_tokens}-token prompt, "
+          f"{args.gen_tokens} generated tokens, "
           f"best of {args.rounds} rounds of {args.calls} calls (no sockets, no broker: a floor of the deployed figure)")
     results = {}
     for stream in (False, True):
@@ -177,5 +196,6 @@ def main(args: argparse.Namespace) -> int:
         if profile:
             print(profile)
     for mode, value in results.items():
-        print(budget_line(f"capture.cpu_{mode}_ms", value * 1000, BUDGET_CPU_MS))
+        dialect = "" if args.dialect == "chat" else f"{args.dialect}_"
+        print(budget_line(f"capture.cpu_{dialect}{mode}_ms", value * 1000, BUDGET_CPU_MS))
     return 0

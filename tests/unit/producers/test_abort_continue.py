@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from compose.engines.policy import create_app
+from producers.dialects import anthropic
 from producers.http.app import Interceptor
 from producers.settings import InterceptorSettings
 from schemas.records import CallCaptured, CallIncomplete
@@ -125,3 +126,23 @@ async def test_mask_refuses_the_aborted_call_and_its_retry_names_it(rig, publish
     other = await http.post(CHAT.format(rid="mask"), json=_body(False))  # a second retry retries nothing
     assert other.status_code == 200
     assert [e.body for e in publisher.events if isinstance(e.body, CallCaptured)][-1].facts.retry_of == ""
+
+
+async def test_a_continued_stream_reaches_a_translated_harness_as_one_answer(rig, publisher, monkeypatch):
+    # Claude Code's dialect: the translator reads the capture's reading of each chunk, and the aborted part's
+    # last chunk is read without its finish, so the harness sees one message that stops once.
+    to_chat = anthropic.to_chat_request  # the Messages API has no ignore_eos: the generation must run long
+    monkeypatch.setattr(anthropic, "to_chat_request", lambda body: {**to_chat(body), "ignore_eos": True})
+    http, engine = await rig(abort_policy="continue")
+    body = {"model": "tokentrail-policy", "max_tokens": 400, "stream": True, "temperature": 1.0,
+            "messages": [{"role": "user", "content": "go"}]}
+    r = await _paused_mid_generation(
+        http, engine, http.post("/ng-rollout/cont-anthropic/training-token-capture/v1/messages", json=body))
+    assert r.status_code == 200, r.text
+    names = [line[7:] for line in r.text.splitlines() if line.startswith("event: ")]
+    assert "error" not in names and names.count("message_stop") == 1 and names[-1] == "message_stop", names
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    (delta,) = [e for e in events if e["type"] == "message_delta"]
+    assert delta["delta"]["stop_reason"] == "max_tokens"
+    (call,) = [e.body for e in publisher.events if isinstance(e.body, CallCaptured)]
+    assert call.facts.continued == 1 and len(call.generation_token_ids) == 400

@@ -19,6 +19,8 @@ import httpx
 import orjson
 import pytest
 
+import producers.dialects.chat_chunks
+import producers.engine.chat_stream
 import schemas.codec
 from tests.unit.producers.conftest import vllm_chat_response
 
@@ -87,6 +89,34 @@ async def test_the_answer_is_parsed_once_each_event_encoded_once_two_records(int
     assert sum(counted.parsed.count(part) for part in engine_parts) == len(engine_parts)
     assert counted.encoded == {"CallStarted": 1, "CallCaptured": 1}
     assert [type(e.body).__name__ for e in publisher.all] == ["CallStarted", "CallCaptured"]
+
+
+STREAMED = {
+    "chat": ("/v1/chat/completions", {"messages": MESSAGES}),
+    "anthropic": ("/v1/messages", {"max_tokens": 64, "messages": [{"role": "user", "content": "hello there"}]}),
+    "responses": ("/v1/responses", {"input": "hello there"}),
+}
+
+
+@pytest.mark.parametrize("dialect", sorted(STREAMED))
+async def test_each_stream_chunk_is_read_once_in_every_dialect(interceptor, upstream, monkeypatch, dialect):
+    # The capture reads a chunk (chat_chunks.read_chunk) and hands its reading to the dialect's translator:
+    # Claude Code's and Codex's streams cost one read per token, not two.
+    upstream.responses.append(httpx.Response(200, content=_sse(300, 40), headers={"content-type": "text/event-stream"}))
+    reads: list[Any] = []
+    read = producers.dialects.chat_chunks.read_chunk
+
+    def counting_read(chunk: Any) -> Any:
+        reads.append(chunk)
+        return read(chunk)
+
+    monkeypatch.setattr(producers.dialects.chat_chunks, "read_chunk", counting_read)
+    monkeypatch.setattr(producers.engine.chat_stream, "read_chunk", counting_read)
+    path, body = STREAMED[dialect]
+    r = await interceptor.post(f"/ng-rollout/reads-{dialect}/training-token-capture{path}",
+                               json={"model": "policy", "stream": True, **body})
+    assert r.status_code == 200 and "w10" in r.text, r.text[:300]
+    assert len(reads) == 40, f"{len(reads)} chunk reads for a 40-chunk stream"
 
 
 async def _python_calls(interceptor: httpx.AsyncClient, upstream: Any, rid: str, prompt: int, generated: int) -> int:

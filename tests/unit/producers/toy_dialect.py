@@ -68,8 +68,8 @@ class ToyStream:
         self.response_id = response_id
         self.reader = ChunkReader()
 
-    def feed(self, chunk: dict[str, Any]) -> bytes:
-        return b"".join(_event({"delta": op[1]}) for op in self.reader.read(chunk) if op[0] == "text")
+    def feed(self, chunk: dict[str, Any], read: Any = None) -> bytes:
+        return b"".join(_event({"delta": op[1]}) for op in self.reader.read(chunk, read) if op[0] == "text")
 
     def finish(self) -> tuple[bytes, bytes]:
         return b"", _event({"id": self.response_id, "finish": self.reader.require_finished(), "done": True})
