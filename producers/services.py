@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from httpx_aiohttp import AiohttpTransport
 from starlette.requests import Request
 
 from producers.capture.core import CaptureCore
@@ -23,7 +24,6 @@ from producers.capture.lineage_index import LineageIndex
 from producers.capture.spool import Spool
 from producers.capture.version_clock import VersionClock
 from producers.engine.info import EngineCatalog, probe_prefix_supply
-from producers.engine.pool import linear_pool
 from producers.http import replies
 from producers.metrics import InterceptorMetrics
 from producers.settings import InterceptorSettings
@@ -73,12 +73,18 @@ class CaptureServices:
 
 
 def engine_client(settings: InterceptorSettings) -> httpx.AsyncClient:
-    """The pooled client to the engine at ``settings.upstream_url`` (its pool bookkeeping linear: ``engine_pool``)."""
-    return linear_pool(httpx.AsyncClient(
+    """The pooled client to the engine at ``settings.upstream_url``: httpx's API over aiohttp's connections.
+
+    aiohttp's pool and C HTTP parser cost ~0.5 ms less CPU per 8k/512 call than httpcore's (and its pool
+    bookkeeping is linear in its connections, which httpcore 1.0.9's is not: encode/httpx#3215).
+    Everything above the transport (requests, streaming, errors as httpx exceptions) is httpx's.
+    """
+    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+    return httpx.AsyncClient(
         base_url=settings.upstream_url,
         timeout=httpx.Timeout(settings.engine_timeout_s, connect=10.0),  # a backstop: generation owns its deadlines
-        limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
-    ))
+        transport=AiohttpTransport(limits=limits),
+    )
 
 
 async def probe_prefix_supply_of(settings: InterceptorSettings, upstream: httpx.AsyncClient,

@@ -1,0 +1,109 @@
+"""producers.services.engine_client: the proxy's engine client over a real loopback socket.
+
+What the capture relies on from its transport: connections are reused, a connection the engine closed
+is not reused, a stream reaches the reader chunk by chunk as the engine writes it (never buffered to its
+end), and a stream closed early closes its connection (vLLM aborts a request whose connection closes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from producers.services import engine_client
+from producers.settings import InterceptorSettings
+
+
+async def _server(close_after: int | None = None):
+    """A keep-alive HTTP/1.1 server on loopback; closes a connection after ``close_after`` answers."""
+    opened = []
+
+    async def serve(reader, writer):
+        opened.append(writer)
+        answered = 0
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n") if not reader.at_eof() else b""
+            if not head:
+                break
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            await reader.readexactly(length)
+            await asyncio.sleep(0.01)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: text/plain\r\n\r\nok")
+            await writer.drain()
+            answered += 1
+            if close_after is not None and answered >= close_after:
+                break
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], opened
+
+
+def _client(port: int):
+    return engine_client(InterceptorSettings(upstream_url=f"http://127.0.0.1:{port}", bootstrap="unused:9092"))
+
+
+async def test_the_engine_client_serves_concurrent_calls_and_reuses_connections():
+    server, port, opened = await _server()
+    client = _client(port)
+    try:
+        for _ in range(3):
+            answers = await asyncio.gather(*(client.post("/v1/chat/completions", content=b"{}") for _ in range(16)))
+            assert [a.text for a in answers] == ["ok"] * 16
+        assert len(opened) == 16  # the later rounds reused the first round's connections
+    finally:
+        await client.aclose()
+        server.close()
+
+
+async def test_a_connection_the_engine_closed_is_not_reused():
+    server, port, opened = await _server(close_after=1)
+    client = _client(port)
+    try:
+        for _ in range(3):
+            assert (await client.get("/v1/models")).text == "ok"
+            await asyncio.sleep(0.05)  # the server's close reaches the idle connection
+        assert len(opened) == 3
+    finally:
+        await client.aclose()
+        server.close()
+
+
+async def test_a_stream_arrives_as_written_and_closing_it_early_closes_the_connection():
+    release = asyncio.Event()
+    closed = asyncio.Event()
+
+    async def serve(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        event = b'data: {"n":1}\n\n'
+        writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+        await writer.drain()
+        await release.wait()  # the second event only once the reader has the first
+        try:
+            for _ in range(500):  # 5 s of events, unless the client closes the connection
+                writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+                await writer.drain()
+                await asyncio.sleep(0.01)
+                if reader.at_eof():
+                    break
+            if await reader.read() == b"":  # EOF: the client closed the connection
+                closed.set()
+        except (ConnectionError, OSError):  # or reset it
+            closed.set()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    client = _client(server.sockets[0].getsockname()[1])
+    try:
+        response = await client.send(client.build_request("GET", "/v1/chat/completions"), stream=True)
+        lines = response.aiter_lines()
+        first = await asyncio.wait_for(anext(lines), 5)  # not held back until the stream ends
+        assert first == 'data: {"n":1}'
+        release.set()
+        await anext(lines)
+        await response.aclose()
+        await asyncio.wait_for(closed.wait(), 5)
+    finally:
+        await client.aclose()
+        server.close()
