@@ -221,6 +221,7 @@ async def _continued(svc: CaptureServices, call: Call, body: dict[str, Any], hea
         if isinstance(nxt, str):
             log.info("call %s not continued after an abort: %s", call.ctx.model_call_id, nxt)
             return data
+        nxt["cache_salt"] = svc.core.cache_salt(call, part=call.continued + 1)  # no KV of the old weights
         upstream = await send_chat(svc, call, nxt, headers, deadlines, stream=False)
         if isinstance(upstream, EngineFailure):
             return upstream

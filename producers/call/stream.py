@@ -254,6 +254,7 @@ async def _continue(svc: CaptureServices, call: Call, upstream: _Engine, acc: Ch
                  body if isinstance(body, str) else "the aborted part carried no token ids")
         return None, False
     call.part_ended(svc.core.clock.label, len(acc.token_ids))
+    body["cache_salt"] = svc.core.cache_salt(call, part=call.continued + 1)  # no KV of the old weights
     await upstream.aclose()
     got = await send_chat(svc, call, body, upstream.headers, deadlines, stream=True)
     if isinstance(got, EngineFailure):

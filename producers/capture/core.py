@@ -191,12 +191,31 @@ class CaptureCore:
             out["top_logprobs"] = 0
         out["include_reasoning"] = True  # vLLM hides token ids when reasoning is hidden
         out["return_weight_versions"] = True
+        out["cache_salt"] = self.cache_salt(call)
         if call.supplied_prefix is not None:
             kv = out.get("kv_transfer_params")
             kv = dict(kv) if isinstance(kv, dict) else {}
             kv["prompt_token_ids"] = call.supplied_prefix
             out["kv_transfer_params"] = kv
         return out
+
+    def cache_salt(self, call: Call, *, part: int = 0) -> str:
+        """The engine's prefix-cache salt for ``call``'s first request (``part`` 0) or its continuation ``part``.
+
+        vLLM's prefix-cache keys do not include the weights: without a salt per version, a prompt whose
+        prefix was cached before a weight update reuses KV the old weights computed, and its tokens are
+        sampled from neither policy. The salt names the current version (its step and label); a salt the
+        harness sent is kept, joined in front (its own cache partition still holds, within a version).
+        A continuation is sent while the engine is paused for an update, possibly before the update is
+        announced here: its salt is its own (call and part), so it reuses no KV at all and its whole
+        prefix is computed by the weights that generate it.
+        """
+        label = self.clock.label  # the version the call's tokens are labelled with
+        ours = f"tokentrail-policy:{self.clock.book.step_of(label)}:{label}" if label is not None else "tokentrail-policy:none"
+        if part:
+            ours += f"|continuation:{call.ctx.model_call_id}:{part}"
+        theirs = call.body.get("cache_salt")
+        return f"{theirs}|{ours}" if isinstance(theirs, str) and theirs else ours
 
     def lower_max_tokens(self, call: Call, upstream_body: dict[str, Any], value: int) -> None:
         """Resend budget after the engine refused the first one for its context window (recorded as a clamp)."""
