@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from schemas.lineage_rules import AMBIGUOUS, NO_MATCH, delta_link_holds, prefix_verified
+from schemas.lineage_rules import AMBIGUOUS, NO_MATCH, delta_link_holds, full_prompt_parent
 from schemas.records import CallCaptured, ParentResolution
 
 if TYPE_CHECKING:
@@ -69,16 +69,9 @@ def _resolve_full(txn: Txn, call: CallCaptured) -> tuple[CallCaptured, str]:
         if parent is not None:
             candidates[claimed] = parent
     candidates.pop(call.model_call_id, None)
-    verified = {
-        call_id: key
-        for call_id, key in candidates.items()
-        if prefix_verified(prompt, *key)
-    }
-    distinct = set(verified.values())
-    if len(distinct) == 1:
-        # Identical cumulative tokens are interchangeable; prefer the claim, else the smallest id.
-        parent_id = claimed if claimed in verified else min(verified)
-        cum_len, digest = verified[parent_id]
+    parent_id, verified = full_prompt_parent(prompt, claimed, candidates)
+    if parent_id is not None:
+        cum_len, digest = candidates[parent_id]
         stored = dataclasses.replace(
             call,
             parent_call_id=parent_id,
@@ -92,8 +85,8 @@ def _resolve_full(txn: Txn, call: CallCaptured) -> tuple[CallCaptured, str]:
             return stored, VERIFIED
         note = RESOLVED_BY_PROCESSOR if claimed is None else f"{RESOLVED_BY_PROCESSOR}:claimed={claimed}"
         return stored, note
-    if len(distinct) > 1:
-        reason, note = AMBIGUOUS, f"{AMBIGUOUS}:{','.join(sorted(verified))}"
+    if verified:
+        reason, note = AMBIGUOUS, f"{AMBIGUOUS}:{','.join(verified)}"
     elif not call.request_fingerprint and claimed is None and call.parent_resolution is ParentResolution.ROOT:
         # No model-authored history (Gym's ROOT). An event that says UNRESOLVED without a
         # fingerprint contradicts itself: it stays unresolved (fail closed), never promoted.

@@ -21,6 +21,11 @@ link it is handed (``consumers.rebuild.links``). They share these rules:
 - **Prefix verification** (``prefix_verified``): a full prompt continues a call
   only if the digest of the prompt's prefix of the call's cumulative length is
   the call's digest.
+- **A full prompt's parent** (``full_prompt_parent``), the processor's rule:
+  among the candidates (the calls with the request's fingerprint, and the
+  claimed parent), the prefix-verified ones; one (or several with identical
+  cumulative tokens, collapsed to the claim, else the smallest call id) is the
+  parent; several different ones are ambiguous.
 
 Nothing here guesses: a rule either verifies a link from digests or says why
 not. Reason strings are defined once, here.
@@ -28,7 +33,7 @@ not. Reason strings are defined once, here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -37,7 +42,8 @@ from schemas.records import CallCaptured, ParentResolution
 
 __all__ = [
     "AMBIGUOUS", "INDEX_COLD", "NO_MATCH", "ParentCandidate", "ParentSelection", "PublishedCandidate",
-    "delta_link_holds", "delta_parent_len", "prefix_verified", "published_candidates", "select_parent",
+    "delta_link_holds", "delta_parent_len", "full_prompt_parent", "prefix_verified", "published_candidates",
+    "select_parent",
 ]
 
 # Why a request's parent is UNRESOLVED (``parent_resolution_reason``).
@@ -139,3 +145,19 @@ def delta_link_holds(call: CallCaptured, parent_cum_len: int, parent_digest: str
 def prefix_verified(prompt: Sequence[int], cum_len: int, digest: str) -> bool:
     """Whether a full prompt starts with the cumulative tokens (``cum_len``, ``digest``) of a call."""
     return cum_len <= len(prompt) and compute_digest(prompt[:cum_len]) == digest
+
+
+def full_prompt_parent(
+    prompt: Sequence[int], claimed: str | None, candidates: Mapping[str, tuple[int, str]]
+) -> tuple[str | None, list[str]]:
+    """The parent of a full prompt among ``candidates`` (call id -> (cum_len, digest)), and the verified ids.
+
+    The verified candidates are those whose cumulative tokens prefix ``prompt``. One (or several with
+    identical cumulative tokens: interchangeable, the claim preferred, else the smallest call id) is
+    the parent; none or several different ones give no parent, and the sorted verified ids say which
+    (several: ambiguous, never guessed between).
+    """
+    verified = {call_id: key for call_id, key in candidates.items() if prefix_verified(prompt, *key)}
+    if len(set(verified.values())) != 1:
+        return None, sorted(verified)
+    return (claimed if claimed in verified else min(verified)), sorted(verified)
