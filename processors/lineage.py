@@ -12,6 +12,12 @@ parent from the events alone, whatever the interceptor that served it knew:
   different ones are ambiguous; none leaves the call a root (no model-authored
   history, as the interceptor said) or unresolved. The prompt is then stored as a delta against the
   verified parent, so state and snapshots grow with new tokens only.
+  A claimed parent that is not in the state (later in the log: a spool drained
+  after its child; or lost without a marker) is not decided here, since the
+  answer would depend on the order of the events: the call is stored as
+  published (full prompt, claim kept), noted ``parent_missing:<claimed>``, and
+  the rebuild, which sees every call, applies the same rule or recovers the call
+  onto its nearest verified ancestor, as NeMo Gym's builder does.
 - A delta call: its claim is verified in O(1): the parent exists, its digest is
   the ``parent_digest`` the delta refers to, and the lengths add up. The builder
   re-verifies the full digest after materialising the delta.
@@ -27,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from schemas.lineage_rules import AMBIGUOUS, NO_MATCH, delta_link_holds, full_prompt_parent
+from schemas.lineage_rules import AMBIGUOUS, NO_MATCH, PARENT_MISSING, delta_link_holds, full_prompt_parent
 from schemas.records import CallCaptured, ParentResolution
 
 if TYPE_CHECKING:
@@ -68,6 +74,13 @@ def _resolve_full(txn: Txn, call: CallCaptured) -> tuple[CallCaptured, str]:
         parent = txn.call_link(claimed)
         if parent is not None:
             candidates[claimed] = parent
+        elif claimed != call.model_call_id:
+            # The claimed parent is not in the state: later in the log (a spool drained after its
+            # child) or lost without a marker. A decision now would depend on the order the events
+            # came in, so none is made: the call is kept as published (full prompt, claim) and the
+            # rebuild, which sees every call, decides with the same rule, or recovers it onto its
+            # nearest verified ancestor (``consumers.rebuild.links``).
+            return call, f"{PARENT_MISSING}:{claimed}"
     candidates.pop(call.model_call_id, None)
     parent_id, verified = full_prompt_parent(prompt, claimed, candidates)
     if parent_id is not None:

@@ -21,11 +21,14 @@ link it is handed (``consumers.rebuild.links``). They share these rules:
 - **Prefix verification** (``prefix_verified``): a full prompt continues a call
   only if the digest of the prompt's prefix of the call's cumulative length is
   the call's digest.
-- **A full prompt's parent** (``full_prompt_parent``), the processor's rule:
-  among the candidates (the calls with the request's fingerprint, and the
-  claimed parent), the prefix-verified ones; one (or several with identical
-  cumulative tokens, collapsed to the claim, else the smallest call id) is the
-  parent; several different ones are ambiguous.
+- **A full prompt's parent** (``full_prompt_parent``), the processor's rule,
+  applied again by the rebuild, with every call known, to the calls whose
+  decision depended on the fold's order (a claim deferred as
+  ``PARENT_MISSING``, a cold call nothing verified for yet): among the
+  candidates (the calls with the request's fingerprint, and the claimed
+  parent), the prefix-verified ones; one (or several with identical cumulative
+  tokens, collapsed to the claim, else the smallest call id) is the parent;
+  several different ones are ambiguous.
 
 Nothing here guesses: a rule either verifies a link from digests or says why
 not. Reason strings are defined once, here.
@@ -41,15 +44,21 @@ from schemas.hashing import FINGERPRINT_VERSION, compute_digest, conversation_pr
 from schemas.records import CallCaptured, ParentResolution
 
 __all__ = [
-    "AMBIGUOUS", "INDEX_COLD", "NO_MATCH", "ParentCandidate", "ParentSelection", "PublishedCandidate",
-    "delta_link_holds", "delta_parent_len", "full_prompt_parent", "prefix_verified", "published_candidates",
-    "select_parent",
+    "AMBIGUOUS", "INDEX_COLD", "NO_MATCH", "PARENT_MISSING", "ParentCandidate", "ParentSelection",
+    "PublishedCandidate", "delta_link_holds", "delta_parent_len", "full_prompt_parent", "prefix_verified",
+    "published_candidates", "select_parent",
 ]
 
 # Why a request's parent is UNRESOLVED (``parent_resolution_reason``).
 NO_MATCH = "no_match"  # no earlier call has the request's fingerprint and context
 AMBIGUOUS = "ambiguous"  # several calls with different tokens match: never guess between them
 INDEX_COLD = "index_cold"  # this interceptor has not seen the rollout (another worker served it, or evicted)
+
+# The processor's lineage note (``PARENT_MISSING:<claimed id>``) on a full-prompt call whose claimed
+# parent was not in the state when it was folded: later in the log (a spool drained after its child)
+# or lost. The processor stores the call as published (full prompt, claim kept) and the rebuild,
+# which sees every call, decides its parent (``consumers.rebuild.links``).
+PARENT_MISSING = "parent_missing"
 
 
 class ParentCandidate(Protocol):

@@ -13,6 +13,15 @@ not calls x tokens). Every link is re-verified here, never trusted:
 
 Both checks are ``schemas.lineage_rules``', the ones the processor applies.
 
+Two kinds of full-prompt call depend on the order the processor folded the
+calls in: a claim it deferred (note ``parent_missing:<claimed>``: the claimed
+parent was not in the state yet, being later in the log or lost) and a cold
+call no candidate verified for yet (UNRESOLVED, note ``unresolved:<reason>``).
+``settle_deferred`` decides them first, where every call is known, by the
+processor's own rule over the same candidates, so the record is the one the
+causal order gives; a deferred claim whose parent is absent is recovered onto
+its nearest verified ancestor, below.
+
 A link that fails, an UNRESOLVED call, or a processor note that says the claim
 failed, starts a *boundary* fragment (``parent_link_failures``,
 ``unresolved_parent_calls``). Recovery happens only where the snapshot lacks the
@@ -23,25 +32,36 @@ parent (``parent_call_id_missing_recovered``, never a guess):
 - the parent is absent: a delta child is linked to the unique call whose
   cumulative digest is the child's ``parent_digest``; a full-prompt child to the
   call with the longest cumulative that is a digest-verified prefix of its
-  prompt (one hash per distinct candidate length). Identical cumulative tokens
-  are interchangeable and collapse to the smallest call id.
+  prompt (one hash per distinct candidate length); a deferred one first to a
+  verified candidate of its request fingerprint, and never when several
+  different ones verify (ambiguous: ``parent_call_id_missing``). Identical
+  cumulative tokens are interchangeable and collapse to the smallest call id.
 
 UNRESOLVED and ROOT calls never use recovery: the capture decided they start a
-new conversation.
+new conversation (a cold call is only ever resolved by the processor's rule).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from consumers.rebuild.sidecalls import SideCall
 from schemas.hashing import compute_digest
-from schemas.lineage_rules import delta_link_holds, delta_parent_len, prefix_verified
+from schemas.lineage_rules import (
+    AMBIGUOUS,
+    PARENT_MISSING,
+    delta_link_holds,
+    delta_parent_len,
+    full_prompt_parent,
+    prefix_verified,
+)
 from schemas.records import CallCaptured, ParentResolution, SnapshotCall
 
 RECOVERED = "parent_call_id_missing_recovered"
+_DEFERRED = PARENT_MISSING + ":"  # the processor's note on a full prompt whose claimed parent it had not folded
 
 
 @dataclass(slots=True, eq=False)
@@ -78,6 +98,75 @@ class Links:
     unresolved: list[str]  # calls that start a boundary fragment
     recovered: list[str]
     spliced_side_parents: list[str]
+
+
+def settle_deferred(calls: list[SnapshotCall]) -> list[SnapshotCall]:
+    """The calls as the processor would have stored them had every call been folded before them.
+
+    Two kinds of full-prompt call depend on the order the processor folded them in: a claim whose
+    parent was not folded yet (note ``parent_missing``), and a cold call (UNRESOLVED, with a request
+    fingerprint) no candidate verified for yet (note ``unresolved:<reason>``). Each is decided here by
+    the processor's rule (``full_prompt_parent``) over the same candidates, taken from every call: the
+    calls with its request fingerprint, and its claim. A call linked so gets its parent id, exactly as
+    the processor stores it (its prompt stays whole; the link verifies it again), so side-call rules,
+    linking and every later step see what the causal order gives. A claim whose parent is not in the
+    snapshot is left for recovery (``_recover_deferred``); a cold call nothing verifies for stays
+    unresolved. Per call a dict lookup; hashing only for the calls it settles.
+    """
+    if not any(_order_dependent(sc) for sc in calls):
+        return calls  # the common case: one pass over the notes
+    first: dict[str, SnapshotCall] = {}
+    for sc in sorted(calls, key=lambda c: (c.seq, c.call.model_call_id)):
+        first.setdefault(sc.call.model_call_id, sc)
+    pending = [sc.call for sc in first.values() if _order_dependent(sc)]
+    by_fingerprint: dict[str, list[CallCaptured]] = {}
+    for sc in first.values():
+        if sc.call.continuation_fingerprint:
+            by_fingerprint.setdefault(sc.call.continuation_fingerprint, []).append(sc.call)
+    settled: dict[str, tuple[CallCaptured, CallCaptured, str]] = {}
+    for call in pending:
+        claimed = call.parent_call_id
+        claim = first.get(claimed) if claimed is not None else None
+        if claimed is not None and claim is None:
+            continue  # lost: recovered onto an ancestor when linked
+        candidates = {c.model_call_id: (c.cum_len, c.digest) for c in by_fingerprint.get(call.request_fingerprint, ())}
+        if claim is not None:
+            candidates[claim.call.model_call_id] = (claim.call.cum_len, claim.call.digest)
+        candidates.pop(call.model_call_id, None)
+        parent_id, verified = full_prompt_parent(call.prompt_token_ids, claimed, candidates)
+        # The processor's notes (``processors.lineage``), as it would have written them.
+        if parent_id is not None:
+            note = "verified" if parent_id == claimed else (
+                "resolved_by_processor" if claimed is None else f"resolved_by_processor:claimed={claimed}")
+            new = dataclasses.replace(call, parent_call_id=parent_id, parent_resolution=ParentResolution.RESOLVED,
+                                      parent_resolution_reason="", parent_digest=candidates[parent_id][1])
+        elif claimed is None:
+            continue  # a cold call nothing continues: unresolved, as the processor said
+        else:
+            reason, note = (AMBIGUOUS, f"{AMBIGUOUS}:{','.join(verified)}") if verified else (
+                "parent_digest_mismatch", f"parent_digest_mismatch:claimed={claimed}")
+            new = dataclasses.replace(call, parent_call_id=None, parent_resolution=ParentResolution.UNRESOLVED,
+                                      parent_resolution_reason=reason, parent_digest="")
+        settled[call.model_call_id] = (call, new, note)
+    if not settled:
+        return calls
+    out = []
+    for sc in calls:
+        change = settled.get(sc.call.model_call_id)
+        if change is not None and sc.call == change[0]:  # every copy of it (a conflicting one stays)
+            sc = dataclasses.replace(sc, call=change[1], lineage_note=change[2])
+        out.append(sc)
+    return out
+
+
+def _order_dependent(sc: SnapshotCall) -> bool:
+    call = sc.call
+    if call.prompt_is_delta:
+        return False
+    if call.parent_resolution is ParentResolution.RESOLVED:
+        return sc.lineage_note.startswith(_DEFERRED)
+    return (call.parent_resolution is ParentResolution.UNRESOLVED and bool(call.request_fingerprint)
+            and sc.lineage_note.startswith("unresolved:"))
 
 
 def link_calls(calls: list[SnapshotCall], side: dict[str, SideCall]) -> Links:
@@ -126,6 +215,9 @@ def _link(node: Node, nodes: dict[str, Node], index: _Index, links: Links) -> No
     if node.note.startswith("delta_parent_mismatch"):
         _fail(node, links, "delta_chain_unreconstructable")
         return
+    if node.note.startswith(_DEFERRED) and not call.prompt_is_delta and (call.parent_call_id or "") not in nodes:
+        _recover_deferred(node, index, links)
+        return
     # A "delta_parent_missing" note only says the parent was not folded yet when the
     # child was: look it up now, and verify the link here either way.
     parent = nodes.get(call.parent_call_id or "")
@@ -150,6 +242,28 @@ def _link(node: Node, nodes: dict[str, Node], index: _Index, links: Links) -> No
     node.parent = parent
 
 
+def _recover_deferred(node: Node, index: _Index, links: Links) -> None:
+    """A deferred full prompt whose claimed parent is not in the snapshot: NeMo Gym's recovery.
+
+    Onto the nearest verified ancestor (``parent_call_id_missing_recovered``): the verified candidate
+    of its request fingerprint (the processor's rule, the claim aside), else the call with the longest
+    verified cumulative prefix. Several different verified candidates are an ambiguity, never
+    recovered from (``parent_call_id_missing``).
+    """
+    call = node.call
+    candidates = {n.call_id: (n.call.cum_len, n.call.digest) for n in index.continuing(call.request_fingerprint)}
+    candidates.pop(node.call_id, None)
+    parent_id, verified = full_prompt_parent(call.prompt_token_ids, None, candidates)
+    parent = index.node(parent_id) if parent_id is not None else None if verified else index.recover(node)
+    if parent is None:
+        _boundary(node, links, "parent_call_id_missing")
+        return
+    links.failures[RECOVERED] += 1
+    links.recovered.append(node.call_id)
+    node.delta = call.prompt_token_ids[parent.call.cum_len :]
+    node.parent = parent
+
+
 def _fail(node: Node, links: Links, reason: str) -> None:
     _boundary(node, links, reason)
     if node.call.prompt_is_delta:
@@ -164,6 +278,21 @@ class _Index:
     def __init__(self, nodes: dict[str, Node]) -> None:
         self._nodes = nodes
         self._by_digest: dict[str, list[Node]] | None = None
+        self._by_fingerprint: dict[str, list[Node]] | None = None
+
+    def node(self, call_id: str) -> Node:
+        return self._nodes[call_id]
+
+    def continuing(self, fingerprint: str) -> list[Node]:
+        """The calls whose continuation fingerprint is ``fingerprint`` (the processor's index, whole)."""
+        if not fingerprint:
+            return []
+        if self._by_fingerprint is None:
+            self._by_fingerprint = {}
+            for node in self._nodes.values():
+                if node.call.continuation_fingerprint:
+                    self._by_fingerprint.setdefault(node.call.continuation_fingerprint, []).append(node)
+        return self._by_fingerprint.get(fingerprint, [])
 
     def _digests(self) -> dict[str, list[Node]]:
         if self._by_digest is None:
