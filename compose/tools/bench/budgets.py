@@ -26,7 +26,7 @@ from pathlib import Path
 
 # name -> arguments: sized for ~10 minutes in all on this machine (each bench's defaults are larger)
 BENCHES: dict[str, list[str]] = {
-    "capture": ["--rounds", "3", "--calls", "100"],
+    "capture": ["--rounds", "3", "--calls", "100", "--dialect", "all"],
     "interceptor": ["--deployment", "both", "--rounds", "2", "--calls-per-round", "128", "--concurrency", "64",
                     "--broker-warmup", "2000"],
     "wire": [],
