@@ -9,6 +9,8 @@ import uuid
 import pytest
 
 from compose.rig.stack import LocalStack
+from consumers.replay.eventlog import EventLog
+from schemas.records import CallCaptured
 from tests.integration.engines import assert_one_token_exact_chain
 from tests.integration.warm_engines import MIDDLEWARE
 
@@ -24,8 +26,12 @@ def cc_stack(kafka_bootstrap, tmp_path_factory, upstream):
     # server's word-level tokenizer needs a long context; vLLM keeps its 32768 (no extra configuration).
     policy_args = ("--max-model-len", "262144") if upstream is None else ()
     # With a rollout secret: Claude Code carries its rollout token as ANTHROPIC_API_KEY, unmodified.
+    # On real vLLM through the proxy, with prefix supply: each turn is generated from the exact ids sampled
+    # before it (the render route splices the new turns), as a production proxy deployment runs.
+    intercept_args = ("--prefix-supply",) if upstream is not None else ()
     with LocalStack(kafka_bootstrap, tmp_path_factory.mktemp("cc"), topic_prefix=f"cc{tag}.", processor_id=f"cc{tag}",
-                    policy_args=policy_args, upstream_url=upstream, rollout_secret=ROLLOUT_SECRET) as running:
+                    policy_args=policy_args, upstream_url=upstream, rollout_secret=ROLLOUT_SECRET,
+                    intercept_args=intercept_args) as running:
         yield running
 
 
@@ -65,8 +71,20 @@ def _run_and_check(claude_stack: LocalStack, tmp_path) -> dict:
     return record
 
 
-def test_claude_code_session_is_captured_token_exact(claude, cc_stack, tmp_path):
-    _run_and_check(cc_stack, tmp_path)
+def test_claude_code_session_is_captured_token_exact(claude, cc_stack, upstream, kafka_bootstrap, tmp_path):
+    record = _run_and_check(cc_stack, tmp_path)
+    if upstream is None:
+        return
+    # Real vLLM, prefix supply on: every turn after the first was generated from the supplied ids.
+    log = EventLog(kafka_bootstrap, cc_stack.topics.rollout_events)
+    try:
+        calls = [e.decode().body for e in log.rollout_events(record["rollout_id"])]
+    finally:
+        log.close()
+    calls = [c for c in calls if isinstance(c, CallCaptured)]
+    assert len(calls) >= 3
+    assert all(c.prefix_requested and c.prefix_supplied for c in calls[1:]), \
+        [(c.model_call_id, c.prefix_requested, c.prefix_supplied) for c in calls]
 
 
 @pytest.mark.vllm
