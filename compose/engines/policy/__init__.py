@@ -1,4 +1,4 @@
-"""The vLLM-compatible reference policy server (stands in for vLLM 0.33 without a GPU).
+"""The vLLM-compatible reference policy server (stands in for vLLM 0.34, or 0.33, without a GPU).
 
 Public API: ``create_app(settings) -> Starlette`` and ``PolicySettings``; the pieces
 (``Tokenizer``, the chat template, ``PolicyModel``) are importable from their modules.

@@ -54,6 +54,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logprobs-mode", default=d.logprobs_mode,
                         choices=["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"],
                         help="vLLM's --logprobs-mode: what the reported logprob values are")
+    parser.add_argument("--vllm-release", choices=["0.33", "0.34"], default=d.vllm_release,
+                        help="answer with this vLLM release's shapes and rules (0.33: also the 0.32 CPU build's)")
+    parser.add_argument("--enable-sleep-mode", action="store_true",
+                        help="serve vLLM 0.34's /checkpoint/prepare, /checkpoint/restore, /checkpoint/status")
     parser.add_argument("--no-dev-mode", action="store_true",
                         help="leave out vLLM's VLLM_SERVER_DEV_MODE routes (/pause, /update_weight_version, ...)")
     parser.add_argument("--seed", type=int, default=d.seed)
@@ -80,6 +84,7 @@ def settings_from_args(args: argparse.Namespace) -> PolicySettings:
         strict_model=not args.lenient_model, reasoning=args.reasoning,
         honour_prefix=args.honour_prefix, drop_reasoning_in_history=args.drop_reasoning_in_history,
         weight_version=args.weight_version, forced_tool_format=args.forced_tool_format,
+        vllm_release=args.vllm_release, sleep_mode=args.enable_sleep_mode,
         dev_mode=not args.no_dev_mode, logprobs_mode=args.logprobs_mode, seed=args.seed,
         faults=frozenset(args.fault),
         stall_seconds=args.stall_seconds, stall_after_chunks=args.stall_after_chunks,

@@ -141,7 +141,7 @@ class PolicyEngine:
         if not isinstance(body, dict):
             raise validation_error("model_attributes_type", "body",
                                    "Input should be a valid dictionary or object to extract fields from", body)
-        check_chat_request(body)
+        body = check_chat_request(body, self.settings.vllm_release)
         if "messages" not in body:
             raise validation_error("missing", "body.messages", "Field required", None)
         messages = check_messages(body["messages"])

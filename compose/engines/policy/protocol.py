@@ -1,7 +1,12 @@
-"""vLLM 0.33 wire shapes for ``/v1/chat/completions``: the full response, and the pieces of a stream.
+"""vLLM 0.34 (and 0.33) wire shapes for ``/v1/chat/completions``: the full response, and the pieces of a stream.
+
+``settings.vllm_release`` picks the release; they differ only where 0.34 leaves a key out
+instead of sending ``null`` (``Field(exclude_if=...)``): ``message.annotations`` and
+``usage.prompt_tokens_details`` (``compose/engines/vllm_contract/vllm-0.34.0.json``). The
+checked-in description of 0.34 pins these shapes (``tests/unit/compose/engines/test_vllm_contract.py``).
 
 * Non-streaming responses are vLLM's ``model_dump()``: every field present, unset ones
-  ``null`` (top level: ``prompt_logprobs``, ``prompt_token_ids``, ``prompt_text``,
+  ``null`` but for the two above in 0.34 (top level: ``prompt_logprobs``, ``prompt_token_ids``, ``prompt_text``,
   ``kv_transfer_params``, ``ec_transfer_params``, ``metrics``; per choice: ``stop_reason``,
   ``token_ids``, ``routed_experts``, ``weight_versions``); ``message.tool_calls`` is
   omitted when empty; ``usage.completion_tokens_details`` is ``{"reasoning_tokens": N}``
@@ -42,7 +47,8 @@ from compose.engines.policy.engine import ChatJob, PolicyEngine
 from compose.engines.policy.parsing import ParsedOutput, parse_output
 from compose.engines.policy.settings import PolicySettings
 
-VLLM_VERSION = "0.33.0"
+VLLM_VERSIONS = {"0.33": "0.33.0", "0.34": "0.34.0"}
+VLLM_VERSION = VLLM_VERSIONS["0.34"]  # the default release
 
 
 def dumps(obj: Any) -> str:
@@ -70,7 +76,7 @@ def system_fingerprint(settings: PolicySettings) -> str:
     """vLLM's default ``--fingerprint-mode full``: ``vllm-<version>-<hash8>`` of the serving config."""
     config = f"{settings.served_model_name}|{settings.seed}|{settings.table_rows}|{settings.logit_scale}|" \
              f"{settings.vocab_words}|{settings.max_model_len}"
-    return f"vllm-{VLLM_VERSION}-{hashlib.sha256(config.encode()).hexdigest()[:8]}"
+    return f"vllm-{VLLM_VERSIONS[settings.vllm_release]}-{hashlib.sha256(config.encode()).hexdigest()[:8]}"
 
 
 def reasoning_tokens(ids: list[int]) -> int:
@@ -111,6 +117,7 @@ class ResponseShaper:
         self.tok = engine.tok
         self.fingerprint = system_fingerprint(engine.settings)
         self.reasoning_parser = engine.settings.reasoning
+        self.nulls_kept = engine.settings.vllm_release == "0.33"  # 0.34 omits annotations, prompt_tokens_details
         # vLLM: include_reasoning=false with a parser hides ids and log-probs
         self.suppress = not job.include_reasoning
         self.send_ids = job.return_token_ids and "no_token_ids" not in job.faults
@@ -215,10 +222,10 @@ class ResponseShaper:
 
     def choice(self, index: int, gen: Generation) -> dict:
         parsed = self.parsed(gen)
-        message: dict[str, Any] = {
-            "role": "assistant", "content": parsed.content, "refusal": None,
-            "annotations": None, "audio": None, "function_call": None,
-        }
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content, "refusal": None}
+        if self.nulls_kept:
+            message["annotations"] = None
+        message.update(audio=None, function_call=None)
         calls = parsed.tool_calls if self.job.parallel_tool_calls else parsed.tool_calls[:1]
         if calls:
             message["tool_calls"] = [
@@ -243,9 +250,12 @@ class ResponseShaper:
         choices = [self.choice(i, gen) for i, gen in enumerate(self.gens)]
         usage = self.usage(sum(len(g.token_ids) for g in self.gens),
                            sum(reasoning_tokens(g.token_ids) for g in self.gens))
+        details = usage["completion_tokens_details"]
         usage = {"prompt_tokens": usage["prompt_tokens"], "total_tokens": usage["total_tokens"],
-                 "completion_tokens": usage["completion_tokens"], "prompt_tokens_details": None,
-                 "completion_tokens_details": usage["completion_tokens_details"]}
+                 "completion_tokens": usage["completion_tokens"]}
+        if self.nulls_kept:
+            usage["prompt_tokens_details"] = None
+        usage["completion_tokens_details"] = details
         return {
             "id": self.id, "object": "chat.completion", "created": self.created,
             "model": self.model_name, "choices": choices, "service_tier": None,

@@ -6,8 +6,10 @@ The answer is vLLM's ``GenerateRequest.model_dump()`` (``vllm/entrypoints/scale_
 id), ``token_ids`` (the rendered prompt, or ``kv_transfer_params.prompt_token_ids`` when
 given), ``sampling_params`` (``sampling.render_dump``), ``model``, ``reasoning_ended`` and
 ``reasoning_parser_kwargs`` (set when the server runs a reasoning parser), ``stream``,
-``stream_options``, ``cache_salt``, ``priority``, and the remaining fields null or at
-their defaults. The same validation as ``/v1/chat/completions`` applies up to the
+``stream_options``, ``cache_salt``, ``priority``, in 0.34 ``parse_context`` (what a
+derendering ``/inference/v1/generate`` needs to parse the output: tools, tool choice,
+``include_reasoning``, template kwargs, the count of tool calls in the history), and the
+remaining fields null or at their defaults. The same validation as ``/v1/chat/completions`` applies up to the
 sampling parameters (model name, budget, prompt length); nothing is generated.
 
 Not modelled: ``structured_outputs`` (vLLM adds the tool-call grammar to a forced tool
@@ -49,6 +51,29 @@ def template_kwargs(body: dict) -> dict[str, Any]:
     return kwargs | {k: v for k, v in extra.items() if v is not None and v != "auto"}
 
 
+def _tool_dump(tool: dict) -> dict[str, Any]:
+    """A ``ChatCompletionToolsParam.model_dump()``: unset ``strict`` left out, unset description null."""
+    function = tool.get("function") or {}
+    dumped = {"name": function.get("name"), "description": function.get("description"),
+              "parameters": function.get("parameters")}
+    if function.get("strict") is not None:
+        dumped["strict"] = function["strict"]
+    return {"type": "function", "function": dumped}
+
+
+def parse_context(job: ChatJob) -> dict[str, Any]:
+    """vLLM 0.34's ``_build_parse_context`` (``vllm/entrypoints/scale_out/render/serving.py``)."""
+    body = job.body
+    tools = None if job.tools is None else [_tool_dump(t) for t in job.tools]
+    out: dict[str, Any] = {"tools": tools, "tool_choice": job.tool_choice,
+                           "parallel_tool_calls": job.parallel_tool_calls, "include_reasoning": job.include_reasoning}
+    if body.get("return_tokens_as_token_ids") is not None:  # Field(exclude_if=None)
+        out["return_tokens_as_token_ids"] = job.tokens_as_ids
+    history = sum(len(m.get("tool_calls") or ()) for m in job.messages
+                  if isinstance(m, dict) and m.get("role") == "assistant")
+    return out | {"chat_template_kwargs": template_kwargs(body), "history_tool_call_cnt": history}
+
+
 def generate_request(engine: PolicyEngine, job: ChatJob, header_request_id: str | None) -> dict[str, Any]:
     body = job.body
     reasoning_parser = engine.settings.reasoning
@@ -56,7 +81,7 @@ def generate_request(engine: PolicyEngine, job: ChatJob, header_request_id: str 
     kv.pop("prompt_token_ids", None)
     options = body.get("stream_options") if job.stream else None
     base_id = header_request_id if header_request_id is not None else body.get("request_id") or uuid.uuid4().hex
-    return {
+    out = {
         "request_id": f"chatcmpl-{base_id}",
         "token_ids": list(job.prompt_ids),
         "token_offsets": None,
@@ -82,3 +107,6 @@ def generate_request(engine: PolicyEngine, job: ChatJob, header_request_id: str 
         "kv_transfer_params": None,
         "ec_transfer_params": None,
     }
+    if engine.settings.vllm_release != "0.33":
+        out["parse_context"] = parse_context(job)
+    return out

@@ -1,4 +1,4 @@
-"""The reference policy server: a Starlette app that answers like vLLM 0.33.
+"""The reference policy server: a Starlette app that answers like vLLM 0.34 (or 0.33: ``settings.vllm_release``).
 
 Routes:
 
@@ -7,6 +7,7 @@ Routes:
 * ``GET  /v1/models``, ``GET /health``, ``GET /version``
 * ``POST /tokenize``, ``POST /detokenize``               (vLLM shapes)
 * vLLM's dev-mode RL routes and tokentrail's score / weight-version routes (``admin.py``)
+* with ``sleep_mode``: 0.34's ``/checkpoint/prepare|restore|status`` (``checkpoint.py``)
 
 Faults (server-wide via ``PolicySettings.faults``, or per request with a marker
 ``[[fault:NAME]]`` in the last message's content): ``5xx`` answers HTTP 500 with a vLLM
@@ -36,10 +37,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from compose.engines.policy import admin, render, template
+from compose.engines.policy import admin, checkpoint, render, template
 from compose.engines.policy.agent import Generation
 from compose.engines.policy.engine import ChatJob, PolicyEngine
-from compose.engines.policy.protocol import VLLM_VERSION, ResponseShaper, completion_json
+from compose.engines.policy.protocol import VLLM_VERSION, VLLM_VERSIONS, ResponseShaper, completion_json
 from compose.engines.policy.settings import PolicySettings
 from compose.engines.policy.stream import StalledStreamAborted, stream_chat
 from compose.engines.policy.validation import JSON_ONLY, RequestError, validation_error
@@ -155,7 +156,7 @@ def create_app(settings: PolicySettings | None = None) -> Starlette:
         return Response(status_code=200)
 
     async def version(request: Request) -> Response:
-        return JSONResponse({"version": VLLM_VERSION})
+        return JSONResponse({"version": VLLM_VERSIONS[settings.vllm_release]})
 
     async def tokenize(request: Request) -> Response:
         try:
@@ -202,6 +203,7 @@ def create_app(settings: PolicySettings | None = None) -> Starlette:
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         *admin.routes(engine),
+        *(checkpoint.routes(engine) if settings.sleep_mode else ()),
     ]
 
     async def http_error(request: Request, exc: Exception) -> Response:

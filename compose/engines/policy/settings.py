@@ -5,7 +5,8 @@ against its range here, and a settings object is immutable once built (the weigh
 version the server starts with is copied into mutable server state; the weight routes
 change that state, never the settings).
 
-Defaults follow a vLLM 0.33 server started as ``vllm serve M --served-model-name NAME
+Defaults follow a vLLM 0.34 server (``vllm_release``; 0.33 answers as 0.33 and the 0.32 CPU
+build do, for the live contract test) started as ``vllm serve M --served-model-name NAME
 --enable-auto-tool-choice --tool-call-parser hermes`` with ``VLLM_SERVER_DEV_MODE=1``
 (``--reasoning`` adds ``--reasoning-parser qwen3``): unknown model names are refused
 with 404, weight versions are opaque labels that start at ``"default"``, and the
@@ -16,9 +17,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Fault = Literal["5xx", "no_token_ids", "stall", "drift", "repetition"]
+Release = Literal["0.33", "0.34"]
+RELEASES: tuple[str, ...] = ("0.33", "0.34")
 FAULTS: tuple[str, ...] = ("5xx", "no_token_ids", "stall", "drift", "repetition")
 DEFAULT_WEIGHT_VERSION = "default"  # vLLM's engine label before a trainer names one (vllm/v1/engine/core.py)
 
@@ -49,6 +52,15 @@ class PolicySettings(BaseModel):
     weight_version: str = Field(
         DEFAULT_WEIGHT_VERSION, min_length=1, max_length=256,
         description="the weight version label the server starts with (an integer is taken as its decimal label)",
+    )
+    vllm_release: Release = Field(
+        "0.34", description="whose shapes and rules: 0.34 (the production target: message.annotations and "
+                            "usage.prompt_tokens_details left out when None, tools: [] taken as no tools, the "
+                            "render route's parse_context) or 0.33 (as 0.33 and the 0.32 CPU build answer)"
+    )
+    sleep_mode: bool = Field(
+        False, description="as vLLM 0.34 with --enable-sleep-mode: serve /checkpoint/prepare?mode=, "
+                           "/checkpoint/restore and /checkpoint/status"
     )
     dev_mode: bool = Field(
         True, description="serve vLLM's VLLM_SERVER_DEV_MODE routes: /pause, /resume, /is_paused, "
@@ -94,6 +106,12 @@ class PolicySettings(BaseModel):
         if not value.strip():
             raise ValueError("host must not be blank")
         return value
+
+    @model_validator(mode="after")
+    def _checkpoint_routes_are_0_34(self) -> PolicySettings:
+        if self.sleep_mode and self.vllm_release == "0.33":
+            raise ValueError("sleep_mode: the /checkpoint routes are new in vLLM 0.34; use vllm_release 0.34")
+        return self
 
     @field_validator("weight_version", mode="before")
     @classmethod

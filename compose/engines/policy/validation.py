@@ -1,6 +1,6 @@
 """vLLM's request validation for ``/v1/chat/completions``: the rules and their exact texts.
 
-Three kinds of refusal, each with vLLM 0.33's body ``{"error": {message, type, param, code}}``:
+Three kinds of refusal, each with vLLM's body ``{"error": {message, type, param, code}}``:
 
 * ``vllm_error``: a ``VLLMValidationError`` (``vllm/exceptions.py``): type
   ``BadRequestError``, the parameter name as ``param``, and the message suffixed
@@ -13,7 +13,9 @@ Three kinds of refusal, each with vLLM 0.33's body ``{"error": {message, type, p
 ``field`` coerces like pydantic's lax mode for the types the server reads (an integer
 for a float field, a numeric string for a number, "true"/"false" for a bool), so what
 vLLM accepts is accepted here. ``check_chat_request`` runs the ``ChatCompletionRequest``
-model validators in vLLM's order (``vllm/entrypoints/openai/chat_completion/protocol.py``).
+model validators in vLLM's order (``vllm/entrypoints/openai/chat_completion/protocol.py``) for
+the server's release: 0.33 refuses ``tools: []``; 0.34 takes it as no tools (``tool_choice``
+``auto``/``required`` become ``none``; a named one keeps the list and is refused, naming the tool).
 """
 
 from __future__ import annotations
@@ -117,8 +119,9 @@ def _int_or_none(data: dict, name: str) -> int | float | None:  # vLLM's validat
     return value
 
 
-def check_chat_request(data: dict) -> None:
-    """``ChatCompletionRequest``'s ``mode="before"`` validators, in vLLM's order."""
+def check_chat_request(data: dict, release: str = "0.34") -> dict:
+    """``ChatCompletionRequest``'s ``mode="before"`` validators, in vLLM's order: the request as vLLM reads it
+    on (a copy where a validator rewrites it, as 0.34's does an empty ``tools``)."""
     if data.get("stream_options") and not data.get("stream"):
         raise vllm_error("Stream options can only be defined when `stream=True`.", "stream_options")
     prompt_logprobs, top_logprobs = _int_or_none(data, "prompt_logprobs"), _int_or_none(data, "top_logprobs")
@@ -132,15 +135,20 @@ def check_chat_request(data: dict) -> None:
             raise vllm_error("`top_logprobs` must be a positive value or -1.", "top_logprobs", top_logprobs)
         if (top_logprobs == -1 or top_logprobs > 0) and not data.get("logprobs"):
             raise vllm_error("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
-    _check_tool_usage(data)
+    data = _check_tool_usage(data, release)
     if data.get("continue_final_message") and data.get("add_generation_prompt"):
         raise vllm_error("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+    return data
 
 
-def _check_tool_usage(data: dict) -> None:
-    if data.get("tools") == []:
+def _check_tool_usage(data: dict, release: str) -> dict:
+    if data.get("tools") == [] and release == "0.33":
         raise vllm_error("`tools` must not be an empty array. Either provide at least one tool or omit the "
                          "field entirely.", "tools")
+    if data.get("tools") == [] and not isinstance(data.get("tool_choice"), dict):
+        data = {**data, "tools": None}  # 0.34: OpenAI's reading of an empty list
+        if data.get("tool_choice") in ("auto", "required"):
+            data["tool_choice"] = "none"
     tools = data.get("tools")
     if tools is not None:
         coerce("tools", tools, list)
@@ -152,7 +160,7 @@ def _check_tool_usage(data: dict) -> None:
                 raise validation_error("missing", f"body.tools.{i}.function.name", "Field required", function)
     choice = data.get("tool_choice")
     if choice is None or choice == "none":
-        return
+        return data
     if tools is None:
         raise vllm_error("When using `tool_choice`, `tools` must be set.", "tool_choice")
     if choice not in ("auto", "required") and not isinstance(choice, dict):
@@ -172,8 +180,10 @@ def _check_tool_usage(data: dict) -> None:
             raise vllm_error(f"Invalid `name` in `function`: `{name}` in `tool_choice`! {usage}",
                              "tool_choice.function.name")
         if not any(t["function"]["name"] == name for t in tools):
-            raise vllm_error("The tool specified in `tool_choice` does not match any of the specified `tools`",
-                             "tool_choice")
+            named = "" if release == "0.33" else f" `{name}`"
+            raise vllm_error(f"The tool{named} specified in `tool_choice` does not match any of the specified "
+                             "`tools`", "tool_choice")
+    return data
 
 
 def check_messages(messages: Any) -> list:

@@ -43,7 +43,10 @@ ERRORS = {  # name -> (body, expected status)
 def reference(kafka_bootstrap, tmp_path_factory):
     with LocalStack(kafka_bootstrap, tmp_path_factory.mktemp("ref"), topic_prefix=f"ct{uuid.uuid4().hex[:8]}.",
                     with_pipeline=False,
-                    policy_args=("--served-model-name", SERVED_NAME, "--max-model-len", "32768")) as stack:
+                    # the 0.32 CPU build answers as 0.33 did; 0.34's shapes are pinned by the unit-tier
+                    # contract (tests/unit/compose/engines/test_vllm_contract.py)
+                    policy_args=("--served-model-name", SERVED_NAME, "--max-model-len", "32768",
+                                 "--vllm-release", "0.33")) as stack:
         yield stack.policy_url
 
 

@@ -1,4 +1,4 @@
-"""vLLM 0.33 wire shapes of the reference policy server (stack.md §5)."""
+"""vLLM 0.34 wire shapes of the reference policy server (stack.md §5; where 0.33 differs: test_refpolicy_releases.py)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ CHOICE_KEYS = {"index", "message", "logprobs", "finish_reason", "stop_reason", "
 TOP_KEYS = {"id", "object", "created", "model", "choices", "service_tier", "system_fingerprint",
             "usage", "prompt_logprobs", "prompt_token_ids", "prompt_text", "kv_transfer_params",
             "ec_transfer_params", "metrics"}
-MESSAGE_KEYS = {"role", "content", "refusal", "annotations", "audio", "function_call", "reasoning"}
+MESSAGE_KEYS = {"role", "content", "refusal", "audio", "function_call", "reasoning"}  # 0.34: no null annotations
 
 
 async def test_non_streaming_with_token_ids_and_logprobs(client):
     data = await chat(client, model="tokentrail-policy", messages=user_turn(), return_token_ids=True, logprobs=True)
     assert set(data) == TOP_KEYS
-    assert data["system_fingerprint"].startswith("vllm-0.33.0-")
+    assert data["system_fingerprint"].startswith("vllm-0.34.0-")
     assert data["ec_transfer_params"] is None and data["metrics"] is None
     assert data["id"].startswith("chatcmpl-") and data["object"] == "chat.completion"
     assert data["model"] == "tokentrail-policy"
@@ -41,8 +41,8 @@ async def test_non_streaming_with_token_ids_and_logprobs(client):
         assert entry["token"] == TOK.token_str(token_id)
         assert entry["bytes"] == list(entry["token"].encode()) and entry["top_logprobs"] == []
     assert data["usage"] == {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(ids),
-                             "completion_tokens": len(ids), "prompt_tokens_details": None,
-                             "completion_tokens_details": None}  # no reasoning parser
+                             "completion_tokens": len(ids),
+                             "completion_tokens_details": None}  # no reasoning parser; 0.34 omits prompt_tokens_details
 
 
 async def test_without_flags_the_vendor_fields_are_null(client):
@@ -280,7 +280,7 @@ async def test_n_choices_like_vllm(client):
     ({"tools": [BASH], "tool_choice": {"type": "function", "function": {"name": "Nope"}}}, "tool_choice"),
     ({"temperature": "hot"}, "body.temperature"), ({"messages": "hi"}, "body.messages"),
     ({"messages": [{"content": "no role"}]}, "body.messages.0.role"),
-    ({"tools": [{"type": "function"}]}, "body.tools.0.function"), ({"tools": []}, "tools"),
+    ({"tools": [{"type": "function"}]}, "body.tools.0.function"),
     ({"temperature": 2.5}, "temperature"), ({"prompt_logprobs": -2}, "prompt_logprobs"),
 ])
 async def test_invalid_requests_get_vllm_errors(client, body, param):
@@ -290,8 +290,6 @@ async def test_invalid_requests_get_vllm_errors(client, body, param):
 
 
 @pytest.mark.parametrize("body,message", [
-    ({"tools": []}, "`tools` must not be an empty array. Either provide at least one tool or omit the field "
-                    "entirely. (parameter=tools)"),
     ({"prompt_logprobs": 1, "stream": True}, "`prompt_logprobs` are not available when `stream=True`. "
                                              "(parameter=prompt_logprobs)"),
     ({"prompt_logprobs": -1, "stream": True}, "`prompt_logprobs` are not available when `stream=True`. "

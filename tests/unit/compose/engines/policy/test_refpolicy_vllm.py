@@ -240,7 +240,11 @@ async def test_render_returns_vllms_generate_request(client):
             "stop": ["x"], "logprobs": True, "top_logprobs": 2, "return_token_ids": True}
     rendered = (await client.post("/v1/chat/completions/render", json=body,
                                   headers={"x-request-id": "abc"})).json()
-    assert set(rendered) == RENDER_KEYS and rendered["request_id"] == "chatcmpl-abc"
+    assert set(rendered) == RENDER_KEYS | {"parse_context"} and rendered["request_id"] == "chatcmpl-abc"
+    assert rendered["parse_context"] == {  # 0.34's, for a derendering /inference/v1/generate
+        "tools": None, "tool_choice": "none", "parallel_tool_calls": True, "include_reasoning": True,
+        "chat_template_kwargs": {"add_generation_prompt": True, "continue_final_message": False},
+        "history_tool_call_cnt": 0}
     # the same dict vLLM 0.32's GenerateRequest.model_dump() gives for this request
     assert rendered["sampling_params"] == {
         "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "temperature": 0.5,
