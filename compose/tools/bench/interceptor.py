@@ -59,6 +59,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="py-spy raw profile of the capturing process (the proxy, or the engine's server with "
                              "the middleware) over the captured rounds only, to FILE (one per deployment: "
                              "FILE's stem gets the deployment's name); prints its top frames")
+    parser.add_argument("--stream", action="store_true",
+                        help="streamed calls (SSE, one chunk per token), as Claude Code and Codex make them: prints "
+                             "the latency and CPU per call (Server-Timing is sent before a stream's capture, so no "
+                             "overhead figure)")
     parser.add_argument("--engine", choices=["reference", "vllm"], default="reference",
                         help="reference: tokentrail policy (decode emulated); vllm: the real engine (CPU build, "
                              "`make vllm`) on the tiny random-weight checkpoint")
@@ -80,7 +84,15 @@ async def _load(url: str, body: dict, n: int, concurrency: int, timings: list[fl
                 t0 = time.perf_counter()
                 # Seeds vary the reference engine's outputs; vLLM's CPU build (0.32) dies on a
                 # per-request seed ("CPU Generator does not use offset", EngineDeadError).
-                r = await http.post(url, json={**body, "seed": i} if seeded else body)
+                sent = {**body, "seed": i} if seeded else body
+                if sent.get("stream"):  # read to the end, as a harness does
+                    async with http.stream("POST", url, json=sent) as r:
+                        r.raise_for_status()
+                        async for _ in r.aiter_raw():
+                            pass
+                    latencies.append(time.perf_counter() - t0)
+                    continue
+                r = await http.post(url, json=sent)
                 latencies.append(time.perf_counter() - t0)
                 r.raise_for_status()
                 if timings is not None:
@@ -132,7 +144,7 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
     prompt = " ".join(f"word{i % 977} and" for i in range(args.prompt_words // 2))
     body = {"model": SERVED_NAME if args.engine == "vllm" else "tokentrail-policy",
             "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": args.gen_tokens, "ignore_eos": True}
+            "max_tokens": args.gen_tokens, "ignore_eos": True, "stream": args.stream}
     direct_body = {**body, "return_token_ids": True, "logprobs": True, "top_logprobs": 0, "include_reasoning": True}
     tag = time.strftime("%H%M%S")
     prefix = f"bench{deployment}{tag}."
@@ -193,13 +205,18 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
         metrics = httpx.get(f"{capture_base}{metrics_path}", timeout=10).text
     decode = ("real vLLM (CPU build), tiny random-weight checkpoint" if args.engine == "vllm" else
               f"reference engine, decode {args.decode_ms_per_token} ms/token")
-    print(f"== {deployment}: {len(via)} calls per path, concurrency {args.concurrency}, prompt {prompt_tokens} "
-          f"tokens, {args.gen_tokens} generated tokens, {decode}, durable ack (acks=all) on every captured call")
+    print(f"== {deployment}: {len(via)} {'streamed ' if args.stream else ''}calls per path, concurrency "
+          f"{args.concurrency}, prompt {prompt_tokens} tokens, {args.gen_tokens} generated tokens, {decode}, durable "
+          "ack (acks=all) on every captured call")
     baseline = "direct to engine" if deployment == "proxy" else "uncaptured route"
     print(f"{baseline:<24} p50 {_ms(percentile(direct, 50))}   p99 {_ms(percentile(direct, 99))}")
     print(f"{'captured':<24} p50 {_ms(percentile(via, 50))}   p99 {_ms(percentile(via, 99))}")
     print(f"{'added (client view)':<24} p50 {_ms(percentile(via, 50) - percentile(direct, 50))}   "
           f"p99 {_ms(percentile(via, 99) - percentile(direct, 99))}   (budget p50 <= 3 ms, p99 <= 10 ms)")
+    if args.stream:
+        _stream_figures(args, deployment, cpu, len(via), len(direct))
+        _print_profile(args, deployment, spies)
+        return
     print(f"{'capture overhead':<24} p50 {_ms(percentile(ours, 50))}   p99 {_ms(percentile(ours, 99))}   "
           f"mean {_ms(statistics.fmean(ours))}   (budget p50 <= 1 ms, p99 <= 5 ms; Server-Timing: all but the engine "
           "wait, durable ack included)")
@@ -219,13 +236,7 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
         capture_cpu = per_via - per_direct
         print(f"{'server CPU':<24} {_ms(per_via)} per captured call, {_ms(per_direct)} per uncaptured call: the "
               f"capture adds {_ms(capture_cpu)} ({capture_cpu / per_direct:+.0%} of the server's own), from /proc")
-    if args.profile is not None:
-        out = args.profile.with_stem(f"{args.profile.stem}.{deployment}")
-        out.write_text("".join(spy.out.read_text() for spy in spies if spy.out.exists()))
-        print(f"profile of the capturing process, captured rounds only: {out} (py-spy raw)")
-        for line in top_frames(out.read_text(), what=f"the {'proxy' if deployment == 'proxy' else 'server'} "
-                                                     "during the captured rounds"):
-            print(f"  {line}")
+    _print_profile(args, deployment, spies)
     name = f"interceptor.{deployment}.c{args.concurrency}"
     # the lines of `make bench`'s table (compose.tools.bench.budgets)
     ack_ms = ack_p50 * 1000 if ack_p50 else None
@@ -239,6 +250,29 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
     print(budget_line(f"{name}.overhead_p50_ms", percentile(ours, 50) * 1000, 1.0, baseline=ack_ms))
     print(budget_line(f"{name}.overhead_p99_ms", percentile(ours, 99) * 1000, 5.0, baseline=ack_ms))
     print(budget_line(f"{name}.added_p50_ms", (percentile(via, 50) - percentile(direct, 50)) * 1000, 3.0))
+
+
+def _print_profile(args: argparse.Namespace, deployment: str, spies: list[PySpy]) -> None:
+    if args.profile is None:
+        return
+    out = args.profile.with_stem(f"{args.profile.stem}.{deployment}")
+    out.write_text("".join(spy.out.read_text() for spy in spies if spy.out.exists()))
+    print(f"profile of the capturing process, captured rounds only: {out} (py-spy raw)")
+    for line in top_frames(out.read_text(), what=f"the {'proxy' if deployment == 'proxy' else 'server'} "
+                                                 "during the captured rounds"):
+        print(f"  {line}")
+
+
+def _stream_figures(args: argparse.Namespace, deployment: str, cpu: dict[str, float], n_via: int,
+                    n_direct: int) -> None:
+    """A streamed run's CPU figure: the capturing process's per call, as for JSON calls."""
+    per_via, per_direct = cpu["via"] / n_via, cpu["direct"] / n_direct
+    capture_cpu = per_via if deployment == "proxy" else per_via - per_direct
+    what = "the proxy process" if deployment == "proxy" else f"over the uncaptured route's {_ms(per_direct)}"
+    print(f"{'capture CPU, streamed':<24} {_ms(capture_cpu)} per captured call ({what}, from /proc)")
+    if capture_cpu > 0:
+        print(budget_line(f"interceptor.{deployment}.c{args.concurrency}.stream.cpu_per_call_ms",
+                          capture_cpu * 1000, 1.5))
 
 
 def _cpu_s(pid: int) -> float:
