@@ -27,12 +27,19 @@ Guarantees:
 - Custody: a CallStarted intent (Gym's ``begin_call``) whose call has no
   CallCaptured when the rollout is frozen makes the snapshot incomplete
   (``intent_without_capture``); a later capture of that call clears it.
-- Lifecycle: RolloutFinished freezes (re-freezing an unchanged rollout with the
-  same payload re-emits the same snapshot identity; snapshot ids are derived
-  from rollout id and version); every state change bumps the version; writes
-  after a freeze are kept as evidence; RetireRequested removes state only for
-  the exact snapshot id and version and leaves a tombstone, so later writers
-  of the retired attempt are reported as dead letters.
+- Lifecycle: RolloutFinished freezes (snapshot ids are derived from rollout id
+  and version); every state change bumps the version; writes after a freeze
+  are kept as evidence; RetireRequested removes state only for the exact
+  snapshot id and version and leaves a tombstone, so later writers of the
+  retired attempt are reported as dead letters (``write_after_retire``).
+- One record per rollout attempt: the first finish decides the rollout's
+  result. The same payload again emits nothing (no second record); another
+  payload (result, final answer or attempt) is dead-lettered
+  ``conflicting_finish`` naming both finishes; only its event id is kept (a
+  re-published copy is a duplicate), the version is not bumped, so the record
+  already emitted stands and its retirement still applies. The
+  one re-freeze: evidence written after the freeze, then the same finish again
+  (its snapshot carries the late writes, which the rebuild masks by default).
 - Bad input never stops the stream: an undecodable, newer-schema or invalid
   event (bytes after its Avro body, a rollout or model call id outside its
   rule in ``schemas.ids``, a key that is not its rollout id), or one the fold
@@ -207,7 +214,9 @@ def _fold_redelivered(txn: Txn, event: RolloutEvent) -> None:
     txn.result.notes.append(f"redelivered event {event.event_id} at {txn.position}: already folded")
     if txn.position is None or txn.position[1] != header.applied_offset:
         return  # a later event changed the state, so this one's outputs were acknowledged before it
-    if isinstance(msg, RolloutFinished) and header.frozen and not header.retired and not header.changed_since_freeze:
+    if isinstance(msg, RolloutFinished) and header.frozen and not header.retired and header.finished != msg:
+        txn.result.deadletters.append(_conflicting_finish(header, event, msg))  # a refused finish owes its refusal
+    elif isinstance(msg, RolloutFinished) and header.frozen and not header.retired and not header.changed_since_freeze:
         txn.emit(header)
     elif isinstance(msg, RetireRequested) and header.retired:
         _sweep(txn, header)  # this retirement may have been cut short after its tombstone
@@ -216,13 +225,16 @@ def _fold_redelivered(txn: Txn, event: RolloutEvent) -> None:
 
 
 def _after_retire(header: RolloutHeader, event: RolloutEvent) -> DeadLetter:
-    return DeadLetter(
-        "write_after_retire",
-        f"{type(event.body).__name__} event {event.event_id} arrived after rollout {event.rollout_id!r} was "
-        f"retired (snapshot {header.snapshot_id} v{header.version}); a late writer of a retired attempt: "
-        "use a new rollout id per attempt",
-        event.rollout_id,
-    )
+    msg = event.body
+    what = (f"{type(msg).__name__} event {event.event_id} arrived after rollout {event.rollout_id!r} was retired "
+            f"(snapshot {header.snapshot_id} v{header.version}, delivered and handed off)")
+    if isinstance(msg, RolloutFinished):
+        detail = (f"{what}: its result (field 'result' = {_shown(msg.result_json)}) was not delivered. A rollout id "
+                  "names one attempt and that attempt's record is out: a re-sent finish of it loses nothing; a new "
+                  "result or a new attempt needs a new rollout id")
+    else:
+        detail = f"{what}; a late writer of a retired attempt, not delivered: use a new rollout id per attempt"
+    return DeadLetter("write_after_retire", detail, event.rollout_id)
 
 
 def _fold_capture(txn: Txn, event: RolloutEvent, call: CallCaptured, payload: str, body: bytes | None) -> None:
@@ -314,17 +326,30 @@ def _fold_started(txn: Txn, intent: CallStarted) -> None:
 
 
 def _fold_finished(txn: Txn, event: RolloutEvent, finished: RolloutFinished) -> None:
+    """Freeze the rollout; after the first freeze, no finish mints a second record for the attempt.
+
+    The first freeze's snapshot may be delivered at once, so nothing a later finish does can take it
+    back: the same payload again (a re-sent finish) changes nothing and emits nothing, and another payload
+    is a conflict, dead-lettered ``conflicting_finish`` with the state untouched (that record stands and
+    its retirement still applies). One exception keeps late evidence visible: evidence written after the
+    freeze followed by the same finish again re-freezes, and that snapshot carries its late writes.
+    """
     header = txn.header
-    if header.frozen and not header.changed_since_freeze and header.finished == finished:
-        # Unchanged since the freeze: the same snapshot identity again (a repeated
-        # finish must never mint a second identity for the same state).
-        txn.emit(header)
-        return
     if event.event_id in header.finish_event_ids:
-        # A re-published finish after later writes: that freeze already happened.
+        # A re-published copy of a finish already folded (a producer retry, a drained spool).
         txn.result.notes.append(f"duplicate finish event {event.event_id}")
         return
-    # First freeze, a freeze after later writes, or a finish with a new payload: a new state.
+    if header.frozen and header.finished is not None and header.finished != finished:
+        # Refused; its event id is kept (the version is not bumped, so the snapshot out there stays current
+        # and its retirement applies) so that a re-published copy is a duplicate, not a second refusal.
+        txn.result.deadletters.append(_conflicting_finish(header, event, finished))
+        txn.header = replace_header(header, finish_event_ids=[*header.finish_event_ids, event.event_id])
+        return
+    if header.frozen and not header.changed_since_freeze:
+        txn.result.notes.append(f"duplicate finish {event.event_id}: snapshot {header.snapshot_id} "
+                                f"v{header.version} was emitted by its first finish")
+        return
+    # The first freeze, or the same finish again after evidence written since the freeze: a new state.
     version = header.version + 1
     txn.header = replace_header(
         header,
@@ -337,6 +362,33 @@ def _fold_finished(txn: Txn, event: RolloutEvent, finished: RolloutFinished) -> 
         finish_event_ids=[*header.finish_event_ids, event.event_id],
     )
     txn.emit(txn.header)
+
+
+# RolloutFinished's fields, as the finish API and route name them (``producers.finish.FINISH_FIELDS``).
+_FINISH_FIELDS = (("result", "result_json"), ("final_response_id", "final_response_id"),
+                  ("final_text", "final_text"), ("attempt", "attempt"))
+
+
+def _conflicting_finish(header: RolloutHeader, event: RolloutEvent, finished: RolloutFinished) -> DeadLetter:
+    first = header.finished
+    assert first is not None
+    differ = "; ".join(
+        f"field '{name}' = {_shown(getattr(finished, attr))} where the first finish has {_shown(getattr(first, attr))}"
+        for name, attr in _FINISH_FIELDS if getattr(finished, attr) != getattr(first, attr))
+    return DeadLetter(
+        "conflicting_finish",
+        f"RolloutFinished event {event.event_id} of rollout {event.rollout_id!r} conflicts with its first finish, "
+        f"event {header.finish_event_ids[0] if header.finish_event_ids else '?'}: {differ}. One record per rollout "
+        f"attempt: the first finish froze snapshot {header.snapshot_id} v{header.frozen_version}, which stands (the "
+        "consumer may already have delivered it); this finish was not applied. A new result is a new attempt: run "
+        "it under a new rollout id",
+        event.rollout_id,
+    )
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _fold_retire(txn: Txn, retire: RetireRequested) -> None:

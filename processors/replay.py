@@ -8,7 +8,7 @@ letters) and none of them touches the state's key layout or codecs:
 
 - ``MemoryState`` is the dict-backed ``StateReader`` (a ``dict`` of state key
   to value bytes, so byte-level comparisons stay plain dict equality), with
-  typed accessors (``header``, ``retired``) and ``forget``;
+  typed accessors (``header``, ``retired``, ``frozen_snapshot``) and ``forget``;
 - ``replay(records)`` folds records in order into a state, applying each
   result's writes before the next record, and yields one ``Replayed`` step per
   record (its ``FoldResult``: writes, snapshots, dead letters, notes).
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from processors.fold import fold, fold_raw
+from processors.snapshot import build_snapshot
 from processors.state import RolloutHeader, header_codec, header_key, is_rollout_key
 from processors.txn import FoldResult, apply_writes
 from schemas.codec import decode_event, event_id_of
@@ -55,6 +56,18 @@ class MemoryState(dict[bytes, bytes]):
         """Whether the rollout was retired (its state is a tombstone)."""
         header = self.header(rollout_id)
         return header is not None and header.retired
+
+    def frozen_snapshot(self, rollout_id: str) -> Snapshot | None:
+        """The snapshot the rollout's current freeze emitted, rebuilt from the state (the same bytes), or None
+        when it is not frozen, changed since its freeze, or retired.
+
+        A finish repeated with the same payload emits nothing (one record per rollout attempt,
+        ``processors.fold``): a reader that finished again and wants the decision reads it here.
+        """
+        header = self.header(rollout_id)
+        if header is None or not header.frozen or header.retired or header.changed_since_freeze:
+            return None
+        return build_snapshot(self, header).decode()
 
     def forget(self, rollout_id: str) -> None:
         """Drop every key of the rollout, tombstone included: afterwards the rollout is unknown.

@@ -15,7 +15,9 @@ take or return Gym ``TokenEntry``-shaped records (a mapping, or any object with
   decision: it reads the rollout's events back (``consumers.replay.eventlog``) and runs
   the same pure fold (``processors.fold``) through its own finish event. The
   fold is deterministic, so this equals the live processor's snapshot: same
-  ``snapshot_id``, same ``version``, same incomplete flag.
+  ``snapshot_id``, same ``version``, same incomplete flag. Freezing an unchanged
+  rollout again answers the snapshot its first freeze emitted (the fold emits
+  no second record for it).
 - ``drop`` publishes ``RetireRequested(snapshot_id, version)`` and reads back
   whether the fold retired the rollout: False when the state changed since.
 
@@ -287,10 +289,16 @@ class TokenSource:
 
 def _fold_until(records: Iterator[Any], rollout_id: str, event_id: str) -> tuple[Any, dict[str, CallCaptured]]:
     calls: dict[str, CallCaptured] = {}
-    step = _replay_through(_decoded(records, calls), rollout_id, event_id, MemoryState(), "finish")
-    if not step.snapshots:
+    state = MemoryState()
+    step = _replay_through(_decoded(records, calls), rollout_id, event_id, state, "finish")
+    if step.snapshots:
+        return step.snapshots[-1], calls
+    # A freeze of an unchanged, frozen rollout emits nothing (one record per attempt): its answer is
+    # the snapshot that rollout's freeze already emitted, the same identity.
+    frozen = state.frozen_snapshot(rollout_id)
+    if frozen is None:
         raise ContractError(f"rollout {rollout_id!r} did not freeze: it was retired earlier")
-    return step.snapshots[-1], calls
+    return frozen, calls
 
 
 def _header_after(records: Iterator[Any], rollout_id: str, event_id: str) -> RolloutHeader | None:

@@ -81,10 +81,10 @@ def test_conflicting_payload_marks_incomplete():
     assert snap.incomplete_markers[0].reason == "conflicting_payload"
 
 
-def test_refreeze_unchanged_is_same_identity_and_late_write_bumps_version():
+def test_refinishing_unchanged_emits_nothing_and_late_write_bumps_version():
     c1, c2, _ = three_turns()
-    state, snaps, _ = run([event(R, c1), event(R, finished()), event(R, finished())])
-    assert snaps[0] == snaps[1]
+    state, snaps, (_, _, again) = run([event(R, c1), event(R, finished()), event(R, finished())])
+    assert len(snaps) == 1 and not again.changed  # one record per attempt (issue 25)
     v = snaps[0].version
     state, _, (late_res,) = run([event(R, c2)], state)
     assert late_res.changed

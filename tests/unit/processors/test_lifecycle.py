@@ -86,16 +86,19 @@ def test_a_redelivered_finish_re_emits_its_snapshot_only_while_it_is_the_last_ch
     assert not log.deliver(1).emitted
 
 
-def test_refreezing_with_the_same_payload_keeps_the_identity_a_new_payload_is_a_new_state():
+def test_refinishing_with_the_same_payload_emits_nothing_a_new_payload_is_dead_lettered():
+    # One record per rollout attempt (issue 25; tests/unit/processors/test_finish_once.py): the first
+    # freeze's snapshot may already be delivered, so a later finish never mints a second record.
     log = Log()
     (c1,) = chain(1)
     _, first = log.publish(event(R, c1), event(R, finished({"reward": 1})))
+    (snap,) = first.snapshots
+    assert snap.snapshot_id == snapshot_id_for(R, snap.version)
     (same,) = log.publish(event(R, finished({"reward": 1})))
-    assert same.emitted == first.emitted and not same.changed
+    assert not same.emitted and not same.changed and not same.deadletters
     (other,) = log.publish(event(R, finished({"reward": 0})))
-    (snap,) = other.snapshots
-    assert snap.version == first.snapshots[0].version + 1 and snap.snapshot_id == snapshot_id_for(R, snap.version)
-    assert snap.finished.result == {"reward": 0}
+    assert not other.emitted and [d.reason for d in other.deadletters] == ["conflicting_finish"]
+    assert header_codec().decode(log.state[header_key(R)]).version == snap.version  # the record out there stands
 
 
 def test_incomplete_after_freeze_counts_and_a_republished_marker_changes_nothing():
@@ -109,7 +112,7 @@ def test_incomplete_after_freeze_counts_and_a_republished_marker_changes_nothing
     assert not copy.changed
     (stale,) = log.publish(event(R, retire(fin.snapshots[0].snapshot_id, fin.snapshots[0].version)))
     assert not stale.changed and "stale retire" in stale.notes[0]
-    (refrozen,) = log.publish(event(R, finished({"reward": 2})))
+    (refrozen,) = log.publish(event(R, finished()))  # the same finish again: late evidence re-freezes
     (snap,) = refrozen.snapshots
     assert snap.incomplete and len(snap.incomplete_markers) == 1 and snap.late_writes == 1
 
@@ -146,7 +149,7 @@ def test_forks_stay_a_tree_identical_retries_collapse_different_candidates_are_a
     after_odd = make_call([1, 2, 3, 4, 9, 5, 6, 1], [2], request_fingerprint="fp-root",
                           resolution=ParentResolution.UNRESOLVED)
     log.publish(event(R, odd), event(R, after_odd))
-    (fin,) = log.publish(event(R, finished({"reward": 3})))
+    (fin,) = log.publish(event(R, finished()))
     last = {sc.call.model_call_id: sc for sc in fin.snapshots[0].calls}[after_odd.model_call_id]
     assert last.call.parent_resolution is ParentResolution.UNRESOLVED
     assert last.call.parent_resolution_reason == "ambiguous" and last.lineage_note.startswith("ambiguous:")
@@ -229,7 +232,7 @@ def test_an_intent_without_a_capture_makes_the_snapshot_incomplete_and_a_capture
                                                                                INTENT_WITHOUT_CAPTURE)]
     (late,) = log.publish(event(R, c2))  # the capture arrives after the freeze: late, but it satisfies the intent
     assert late.changed
-    (refrozen,) = log.publish(event(R, finished({"reward": 0.5})))
+    (refrozen,) = log.publish(event(R, finished()))  # the same finish again
     (snap2,) = refrozen.snapshots
     assert not snap2.incomplete and snap2.version > snap.version and snap2.late_writes == 1
 
