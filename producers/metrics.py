@@ -29,7 +29,7 @@ class InterceptorMetrics:
                                registry=self.registry)
         self.refused = Counter("tokentrail_requests_refused", "Requests refused before any handler ran: a route "
                                "the route table does not allow, a missing rollout token, a malformed trace header, "
-                               "a body over the limit",
+                               "a body over the limit, a capture call of a rollout this interceptor finished",
                                ["why"], registry=self.registry)
         self.spool_depth = Gauge("tokentrail_spool_depth", "Events in the local spool awaiting Kafka",
                                  registry=self.registry)

@@ -25,6 +25,7 @@ from producers.capture.spool import Spool
 from producers.capture.version_clock import VersionClock
 from producers.engine.info import EngineCatalog, probe_prefix_supply
 from producers.http import replies
+from producers.http.finished import FinishedRollouts
 from producers.metrics import InterceptorMetrics
 from producers.settings import InterceptorSettings
 from schemas.errors import TransportError
@@ -57,7 +58,8 @@ class CaptureServices:
     ``core`` runs a call and holds its evidence path (writer, lineage index, engine
     catalog, admin policy version); ``upstream`` is the engine; ``settings`` carries the
     header policy (``upstream_api_key``) and the control token; ``tasks`` keeps stream
-    pumps alive; ``metrics`` and ``source`` are the core's own.
+    pumps alive; ``metrics`` and ``source`` are the core's own; ``finished`` is the book of
+    the rollouts this interceptor finished (``producers.http.finished``).
     """
 
     core: CaptureCore
@@ -66,6 +68,7 @@ class CaptureServices:
     tasks: TaskTracker
     metrics: InterceptorMetrics
     source: str
+    finished: FinishedRollouts = field(default_factory=FinishedRollouts)
 
     def upstream_headers(self, request: Request) -> dict[str, str | bytes]:
         """The harness's headers for the engine, under this interceptor's credential policy."""
@@ -107,7 +110,7 @@ def open_services(settings: InterceptorSettings, publisher: AckedProducer, upstr
     metrics.spool_depth.set(writer.spooled)
     writer.start()
     return CaptureServices(core=core, upstream=upstream, settings=settings, tasks=TaskTracker(), metrics=metrics,
-                           source=source)
+                           source=source, finished=FinishedRollouts(settings.finished_max_rollouts))
 
 
 async def follow_versions(settings: InterceptorSettings, clock: VersionClock) -> Any:

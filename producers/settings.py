@@ -97,6 +97,11 @@ class InterceptorSettings(BaseModel):
                                                         "continue); one more aborts it as under 'mask'")
     index_max_rollouts: int = 65_536
     index_max_tokens: int = Field(16_000_000, description="Token budget of the lineage index (prefix supply only)")
+    finished_max_rollouts: int = Field(
+        65_536, ge=1, description="Rollouts whose finish this interceptor acknowledged that it remembers (about 230 "
+                                  "bytes each), to answer 409 to their further calls and to a conflicting finish "
+                                  "(producers.http.finished); the oldest is forgotten first"
+    )
 
     @field_validator("upstream_url")
     @classmethod

@@ -10,7 +10,8 @@ refuse: a 404/405 naming the route) is the route table's, ``producers.http.route
 Before any handler runs (``producers.http.admission``), in this order: an invalid rollout id
 or unsendable path is a 400; with ``rollout_secret`` a request under ``/ng-rollout/<id>/``
 without that rollout's token is a 401; there, a malformed ``x-tokentrail-trace`` header a 400;
-a refused route a 404/405; a body over
+a refused route a 404/405; a capture call of a rollout this interceptor finished a 409
+(``producers.http.finished``: one record per rollout attempt); a body over
 ``max_body_bytes`` a 413. Each names what to fix, records nothing and forwards nothing
 (counted in ``tokentrail_requests_refused``).
 
@@ -58,6 +59,7 @@ from producers.http.admission import (
     trace_refusal,
 )
 from producers.http.control import handle_control
+from producers.http.finished import finished_call_message
 from producers.http.route_policy import Policy, decide
 from producers.http.routing import is_control, parse_route, scope_paths
 from producers.metrics import InterceptorMetrics
@@ -219,6 +221,11 @@ class Interceptor:
         if decision.policy is Policy.REFUSE:
             kind = "not_found_error" if decision.status == 404 else "method_not_allowed"
             return self._refuse(path, decision.status, decision.message, kind, "route")
+        if decision.policy is Policy.CAPTURE and route.rollout_id is not None:
+            finished = svc.finished.finished(route.rollout_id)  # one dict lookup
+            if finished is not None:
+                return self._refuse(path, 409, finished_call_message(route.rollout_id, finished), "rollout_finished",
+                                    "rollout_finished")
         admitted = await self._admit_body(request, path)
         if isinstance(admitted, Response):
             return admitted

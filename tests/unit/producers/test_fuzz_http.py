@@ -9,7 +9,8 @@ scripted engine that always answers a valid completion, streamed or not):
 * a 2xx capture published exactly its CallStarted intent and one CallCaptured/CallIncomplete;
   a refused request published nothing and sent nothing to the engine;
 * the finish route answers 2xx only for a payload RolloutFinished can carry, 400 naming the
-  field otherwise, 401 for a wrong or missing token;
+  field otherwise, 401 for a wrong or missing token; a rollout it finished takes the same
+  payload again (200, nothing published) and refuses another (409 naming the fields);
 * the interceptor's memory stays flat over bursts of fuzzed requests (tracemalloc).
 
 Each test counts its inputs' outcomes (``tests.fuzzing.count``), printed in the terminal summary.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import gc
+import itertools
 import json
 import random
 import re
@@ -34,6 +36,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from producers.finish import finish_request_body
 from producers.http.app import Interceptor
 from producers.settings import InterceptorSettings
 from schemas.avro_fields import INT_MAX
@@ -432,6 +435,9 @@ def finish_problem(raw: bytes) -> str | None:
     return "result" if depth > 200 else None
 
 
+_FRESH = itertools.count()
+
+
 def _encode_finish(body: Any) -> bytes:
     return re.sub(r'"__nested_(\d+)__"', lambda m: "[" * int(m[1]) + '"x"' + "]" * int(m[1]),
                   json.dumps(body, ensure_ascii=False)).encode("utf-8", "surrogatepass")
@@ -440,10 +446,12 @@ def _encode_finish(body: Any) -> bytes:
 @pytest.mark.fuzz
 @fuzz_settings()
 @given(body=st.one_of(FINISH_BODY.map(_encode_finish), GARBAGE), auth=AUTHS,
-       rollout_id=st.one_of(st.just("r-1"), ROLLOUT_IDS))
+       rollout_id=st.one_of(st.just("r-1"), st.just("fresh"), ROLLOUT_IDS))
 def test_the_finish_route_takes_only_what_rollout_finished_carries(body, auth, rollout_id):
     test = "finish"
     r_ = rig("control")
+    if rollout_id == "fresh":  # a rollout never finished before (r-1 is finished again and again)
+        rollout_id = f"r-fresh-{next(_FRESH)}"
     headers = [] if auth is None else [(b"authorization", auth.encode())]
     raw_path = f"/rollouts/{rollout_id}/finish".encode("ascii")
     r = r_.call("POST", raw_path, body, headers=headers)
@@ -470,10 +478,29 @@ def test_the_finish_route_takes_only_what_rollout_finished_carries(body, auth, r
         return
     problem = finish_problem(body)
     if problem is None:
+        # One record per rollout attempt (issue 25): the rig remembers the finishes it acknowledged.
+        finished: dict[str, tuple[RolloutFinished, str]] = r_.__dict__.setdefault("finished", {})
+        payload = finish_request_body(body)
+        prior = finished.get(decoded)
+        if prior is not None and prior[0] == payload:
+            assert r.status == 200 and r.json()["duplicate"] is True, (body[:500], r.status, r.body[:1000])
+            assert r.json()["event_id"] == prior[1] and r_.publisher.all == []
+            count(test, "2xx the same finish again, nothing published")
+            return
+        if prior is not None:
+            assert r.status == 409, (body[:500], r.status, r.body[:1000])
+            assert r_.publisher.all == [] and "One record per rollout attempt" in message, message
+            differs = [name for name, attr in (("result", "result_json"), ("final_response_id", "final_response_id"),
+                                               ("final_text", "final_text"), ("attempt", "attempt"))
+                       if getattr(payload, attr) != getattr(prior[0], attr)]
+            assert all(f"'{name}'" in message for name in differs), (differs, message)
+            count(test, "409 another finish of a finished rollout")
+            return
         assert r.status == 200, (body[:500], r.status, r.body[:1000])
         (event,) = r_.publisher.all
         assert isinstance(event.body, RolloutFinished) and r.json()["event_id"] == event.event_id
         assert event.rollout_id == decoded, (rollout_id, event.rollout_id)
+        finished[decoded] = (event.body, event.event_id)
         count(test, "2xx RolloutFinished")
         return
     assert r.status == 400, (body[:500], problem, r.status, r.body[:1000])
