@@ -49,6 +49,10 @@ TOPICS: tuple[TopicSpec, ...] = (
     # The trainer's announcements of policy versions: one record per label, the latest kept (compacted),
     # one partition so they are read in order.
     TopicSpec("policy_versions", "tokentrail.policy-versions", {"cleanup.policy": "compact"}, partitions=1),
+    # Each interceptor's report of the version it applied, and its heartbeat (schemas.version_reports), keyed
+    # by its instance id, the latest kept: what `tokentrail versions announce` waits on.
+    TopicSpec("policy_versions_applied", "tokentrail.policy-versions-applied", {"cleanup.policy": "compact"},
+              partitions=1),
     # The grouped trainer sink's output (consumers.sinks.kafka_groups): a group holds all its members' records.
     TopicSpec("rebuilt_groups", "tokentrail.rebuilt-groups", _BIG),
 )
@@ -59,6 +63,7 @@ SNAPSHOTS = _SPECS["snapshots"].name
 REBUILT = _SPECS["rebuilt"].name
 DEADLETTER = _SPECS["deadletter"].name
 POLICY_VERSIONS = _SPECS["policy_versions"].name
+POLICY_VERSIONS_APPLIED = _SPECS["policy_versions_applied"].name
 REBUILT_GROUPS = _SPECS["rebuilt_groups"].name
 
 
@@ -71,6 +76,7 @@ class TopicNames:
     rebuilt: str = REBUILT
     deadletter: str = DEADLETTER
     policy_versions: str = POLICY_VERSIONS
+    policy_versions_applied: str = POLICY_VERSIONS_APPLIED
     rebuilt_groups: str = REBUILT_GROUPS
 
     def all(self) -> tuple[str, ...]:
@@ -85,6 +91,12 @@ class TopicNames:
 def partitions_of(spec: TopicSpec, partitions: int = DEFAULT_PARTITIONS) -> int:
     """The partition count ``spec`` is created with when the deployment asks for ``partitions``."""
     return spec.partitions if spec.partitions is not None else partitions
+
+
+def applied_topic_of(policy_versions: str) -> str:
+    """The reports topic that goes with a policy-versions topic (same prefix): ``<prefix>tokentrail.policy-versions-applied``."""
+    return policy_versions.removesuffix(POLICY_VERSIONS) + POLICY_VERSIONS_APPLIED if policy_versions.endswith(
+        POLICY_VERSIONS) else policy_versions + POLICY_VERSIONS_APPLIED.removeprefix(POLICY_VERSIONS)
 
 
 def key_for(rollout_id: str) -> bytes:
