@@ -28,7 +28,6 @@ from producers.http import replies
 from producers.http.finished import FinishedRollouts
 from producers.metrics import InterceptorMetrics
 from producers.settings import InterceptorSettings
-from schemas.errors import TransportError
 from schemas.kafka.bridge import AckedProducer
 
 log = logging.getLogger("tokentrail.interceptor")
@@ -114,18 +113,9 @@ def open_services(settings: InterceptorSettings, publisher: AckedProducer, upstr
 
 
 async def follow_versions(settings: InterceptorSettings, clock: VersionClock) -> Any:
-    """Follow the policy-versions topic into ``clock`` (changes applied on this event loop); the follower,
-    or None when the topic cannot be read (logged: the admin route still sets versions)."""
-    from schemas.kafka.versions import VersionFollower
+    """Follow the policy-versions topic into ``clock`` (changes applied on this event loop), reporting what it
+    applied (``producers.capture.version_feed``); the follower, or None when the topic cannot be read (logged:
+    the admin route still sets versions)."""
+    from producers.capture.version_feed import follow
 
-    loop = asyncio.get_running_loop()
-    follower = VersionFollower(settings.bootstrap, settings.topics.policy_versions,
-                               on_change=lambda pv: loop.call_soon_threadsafe(clock.announce, pv))
-    try:
-        await asyncio.to_thread(follower.start)
-    except TransportError as exc:
-        log.warning("not following policy versions: %s", exc)
-        return None
-    if await asyncio.to_thread(follower.wait_caught_up, 10.0) and follower.book.current is not None:
-        clock.announce(follower.book.current)
-    return follower
+    return await follow(settings, clock)

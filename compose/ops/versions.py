@@ -3,8 +3,11 @@
 ``announce LABEL --step N`` publishes the version on the compacted policy-versions topic
 (``schemas.kafka.versions.announce_version``), after forwarding the label to the engine's
 ``/update_weight_version`` when ``--engine`` is given (vLLM dev mode), so the engine's own
-spans and tokentrail's agree. ``show`` prints every announced label with its step, the current
-one marked. Exit 0 done, 2 invalid arguments, 3 the broker or the engine refused.
+spans and tokentrail's agree, and then waits until every live interceptor reported it applied
+the version (``wait_applied``; ``--confirm-timeout``, ``--min-followers``; ``--no-confirm``
+skips it): resume the engine only after it returned. ``show`` prints every announced label with
+its step, the current one marked. Exit 0 done, 2 invalid arguments, 3 the broker or the engine
+refused, or interceptors did not confirm (each named).
 """
 
 from __future__ import annotations
@@ -31,6 +34,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                            "(served with VLLM_SERVER_DEV_MODE=1)")
     announce.add_argument("--engine-api-key", default=os.environ.get("VLLM_API_KEY"),
                           help="bearer token of the engine (default: $VLLM_API_KEY)")
+    announce.add_argument("--confirm-timeout", type=float, default=30.0, metavar="S",
+                          help="wait this long for every live interceptor to confirm it applied the version "
+                               "(exit 3 naming those that did not; default 30)")
+    announce.add_argument("--min-followers", type=int, default=0, metavar="N",
+                          help="also require at least N interceptors to confirm (default 0)")
+    announce.add_argument("--no-confirm", action="store_true",
+                          help="return once the broker acknowledged, without waiting for interceptors (tokens "
+                               "sampled before they applied it may carry the old version)")
     show = sub.add_parser("show", help="print the announced versions")
     show.add_argument("--json", action="store_true", help="one JSON object per label")
     for sp in (announce, show):
@@ -49,6 +60,11 @@ def main(args: argparse.Namespace) -> int:
         if args.action == "announce":
             PolicyVersion(label=args.label, step=args.step)  # validated before any I/O
             _check_engine(args.engine)
+            if not args.confirm_timeout > 0:
+                raise ValueError(f"--confirm-timeout={args.confirm_timeout}: must be > 0 seconds "
+                                 "(--no-confirm to not wait)")
+            if args.min_followers < 0:
+                raise ValueError(f"--min-followers={args.min_followers}: must be >= 0")
     except (ValueError, ContractError) as exc:
         print(f"tokentrail versions: invalid arguments: {exc}", file=sys.stderr)
         return EXIT_INVALID
@@ -63,13 +79,18 @@ def main(args: argparse.Namespace) -> int:
 
 def _announce(args: argparse.Namespace, topic: str) -> int:
     from compose.engines.vllm_rig.admin import set_version
-    from schemas.kafka.versions import announce_version
+    from schemas.kafka.versions import announce_version, wait_applied
 
     if args.engine:  # the engine first: the topic never names a version the engine refused
         set_version(args.engine, args.label, api_key=args.engine_api_key)
-    announcement = announce_version(args.bootstrap, args.label, args.step, topic=topic, weights=args.weights)
+    announcement = announce_version(args.bootstrap, args.label, args.step, topic=topic, weights=args.weights,
+                                    confirm=False)
+    confirmed = None
+    if not args.no_confirm:  # every live interceptor applied it: the engine may resume
+        confirmed = wait_applied(args.bootstrap, args.label, args.step, topic=topic, timeout_s=args.confirm_timeout,
+                                 min_followers=args.min_followers)
     print(json.dumps({"label": announcement.label, "step": announcement.step, "topic": topic,
-                      "engine": args.engine or None}))
+                      "engine": args.engine or None, "confirmed_by": confirmed}))
     return 0
 
 

@@ -18,6 +18,13 @@ announcement (a CI run, abort mode: 541 tokens of the old weights). A call conti
 aborts is therefore labelled by its parts (``part_ends``), not by its marks
 (``CaptureCore.version_facts``). An engine that reports its own spans (vLLM 0.33
 ``return_weight_versions``) is always preferred.
+
+A lag never makes a token old: ``tokentrail versions announce`` returns only once every live
+interceptor reported it applied the version (``schemas.version_reports``), so the trainer resumes
+after this clock moved. An interceptor that reports (``require_lease``) trusts an announced label
+only while its lease is fresh (``renew``/``expire``, driven by ``producers.capture.version_feed``):
+an announcer that could not see it live would not have waited for it, so past the lease the clock
+says None (not known) until a renewal, which comes only after the topic was read to its end.
 """
 
 from __future__ import annotations
@@ -32,24 +39,50 @@ __all__ = ["CallVersions", "VersionClock"]
 class VersionClock:
     """The current announced version (``label``; None: none yet) and where it came from (``origin``)."""
 
-    __slots__ = ("book", "label", "origin")
+    __slots__ = ("book", "label", "origin", "leased", "fresh")
 
     def __init__(self) -> None:
         self.book = VersionBook()
         self.label: str | None = None
         self.origin = ""  # "announced" (the topic) or "admin" (the admin route)
+        self.leased = False  # announced labels are trusted only while the lease is fresh
+        self.fresh = False
 
     def announce(self, announcement: PolicyVersion) -> None:
         """Fold an announcement from the versions topic in (older steps never move the clock back)."""
         self.book.apply(announcement)
-        current = self.book.current_label
-        if current != self.label or self.origin != "announced":
-            self.label, self.origin = current, "announced"
+        self.origin = "announced"
+        self._show()
+
+    def require_lease(self) -> None:
+        """From now on an announced label is current only between ``renew`` and ``expire``."""
+        self.leased, self.fresh = True, False
+        self._show()
+
+    def renew(self) -> None:
+        """The topic was read to its end after a confirmed report: the announced label is trusted again."""
+        self.fresh = True
+        self._show()
+
+    def expire(self) -> None:
+        """The lease ran out: an announcer may not have waited for this interceptor, so the label is not known."""
+        self.fresh = False
+        self._show()
+
+    @property
+    def step(self) -> int | None:
+        """The step of the newest announced version this clock applied (None: none)."""
+        return self.book.current.step if self.book.current is not None else None
+
+    def _show(self) -> None:
+        if self.origin == "announced":
+            self.label = self.book.current_label if (self.fresh or not self.leased) else None
 
     def set_admin(self, label: str | None) -> None:
         """The admin route's label (None clears it): it becomes current at once, the next step up."""
         if label is None:
             self.label, self.origin = self.book.current_label, "announced" if self.book.current else ""
+            self._show()
             return
         step = self.book.step_of(label)
         if step is None:

@@ -196,7 +196,12 @@ class Interceptor:
             return replies.json_response({"status": "ok", "spooled": svc.core.writer.spooled if svc else 0,
                                        "policy_version": clock.label if clock else None,
                                        "policy_version_origin": (clock.origin or None) if clock else None,
-                                       "following_versions": self._versions is not None})
+                                       "following_versions": self._versions is not None,
+                                       # The id it reports applied versions under (announcers name it), and
+                                       # whether its announced label is trusted now (the lease: version_feed).
+                                       "version_instance": getattr(self._versions, "report_as", None)
+                                       if getattr(self._versions, "reporting", False) else None,
+                                       "policy_version_fresh": (not clock.leased or clock.fresh) if clock else None})
         if svc is None:
             return self.error_for(path, 503, _STARTING, "capture_unavailable")
         if is_control(path):

@@ -1,7 +1,9 @@
 """The policy-versions topic on Kafka: announce a version, follow the announcements.
 
 ``announce_version`` publishes one ``PolicyVersion`` (Avro, keyed by its label) with ``acks=all``
-and returns once the broker acknowledged it. Labelling the engine itself is the caller's (``tokentrail
+and, by default, returns only once every live interceptor reported it applied the version
+(``wait_applied``, over the ``tokentrail.policy-versions-applied`` topic; the protocol and why:
+``schemas.version_reports``); ``NotConfirmed`` names each interceptor that did not in time. Labelling the engine itself is the caller's (``tokentrail
 versions announce --engine`` does it first, so the topic never names a version the engine refused). It
 never creates the topic: a missing one is an ``AnnounceFailed`` naming `tokentrail topics` (an
 auto-created topic would be neither compacted nor single-partition). Every failure is an
@@ -12,6 +14,11 @@ group (nothing is committed: every follower folds the whole compacted topic), in
 ``VersionBook`` and calls ``on_change`` callbacks, from its thread, when the current version
 changes. A record it cannot decode (or a tombstone) is logged and skipped: the follower never
 stops on content. ``wait_caught_up`` returns once everything published before ``start`` was read.
+With ``report_as`` (an interceptor's instance id) it also publishes that instance's reports: the
+owner calls ``applied(step, label)`` once its clock applied a version (a report goes out at once)
+and the follower repeats the last one every ``heartbeat_s``; after a report was acknowledged and
+the topic then read to its end it calls ``on_fresh(until)`` (``time.monotonic()`` seconds up to
+which the owner may trust its label). ``close`` publishes the instance's tombstone.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -28,10 +36,19 @@ from schemas.codec import policy_version_codec
 from schemas.errors import TransportError
 from schemas.kafka.bridge import AckedProducer, PublishFailed, admin_client
 from schemas.kafka.config import QUIET_LOGGER, consumer_config, producer_config
-from schemas.kafka.topics import POLICY_VERSIONS, TopicsUnavailable, topic_names, wait_for_topics
+from schemas.kafka.topics import POLICY_VERSIONS, TopicsUnavailable, applied_topic_of, topic_names, wait_for_topics
 from schemas.policy_versions import PolicyVersion, VersionBook
+from schemas.version_reports import (
+    DEFAULT_HEARTBEAT_S,
+    DEFAULT_LEASE_S,
+    DEFAULT_SKEW_S,
+    AppliedReport,
+    Confirmations,
+    decode_report,
+    encode_report,
+)
 
-__all__ = ["AnnounceFailed", "VersionFollower", "announce_version"]
+__all__ = ["AnnounceFailed", "NotConfirmed", "VersionFollower", "announce_version", "wait_applied"]
 
 log = logging.getLogger("tokentrail.versions")
 
@@ -40,13 +57,25 @@ class AnnounceFailed(TransportError):
     """The broker did not acknowledge the announcement (or the topic is missing)."""
 
 
+class NotConfirmed(AnnounceFailed):
+    """The version was published, but live interceptors did not confirm they applied it in time (``missing``)."""
+
+    def __init__(self, message: str, missing: list[str]) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
 def announce_version(bootstrap: str, label: str, step: int, *, topic: str = POLICY_VERSIONS, weights: str = "",
-                     timeout_s: float = 30.0) -> PolicyVersion:
-    """Publish ``label`` as the current version (the trainer's ``step``).
+                     timeout_s: float = 30.0, confirm: bool = True, confirm_timeout_s: float = 30.0,
+                     min_followers: int = 0, skew_s: float = DEFAULT_SKEW_S) -> PolicyVersion:
+    """Publish ``label`` as the current version (the trainer's ``step``); with ``confirm``, wait until applied.
 
     ``ContractError`` (before any I/O) for an invalid label or step; ``AnnounceFailed`` unless the
-    broker acknowledged the record.
+    broker acknowledged the record; with ``confirm`` (the default), ``NotConfirmed`` unless every
+    live interceptor (and at least ``min_followers``) reported within ``confirm_timeout_s`` that it
+    applied ``step`` (``wait_applied``). Resume the engine only after this returned.
     """
+    Confirmations(step, skew_s=skew_s, min_followers=min_followers)  # validated before any I/O
     announcement = PolicyVersion(label=label, step=step, announced_at=time.time(), weights=weights)
     value = policy_version_codec().encode(announcement)
     where = f"announcing policy version {label!r} (step {step}) on {topic} at {bootstrap}"
@@ -66,7 +95,96 @@ def announce_version(bootstrap: str, label: str, step: int, *, topic: str = POLI
                              "(`tokentrail topics`)") from exc
     finally:
         producer.close_sync(5.0)
+    if confirm:
+        wait_applied(bootstrap, label, step, topic=topic, timeout_s=confirm_timeout_s, min_followers=min_followers,
+                     skew_s=skew_s)
     return announcement
+
+
+def wait_applied(bootstrap: str, label: str, step: int, *, topic: str = POLICY_VERSIONS, timeout_s: float = 30.0,
+                 min_followers: int = 0, skew_s: float = DEFAULT_SKEW_S) -> list[str]:
+    """Wait until every live interceptor following ``topic`` reported it applied ``step``; their instance ids.
+
+    Reads the reports topic (``applied_topic_of(topic)``) from its start (``Confirmations``: who is
+    live, who confirmed). ``NotConfirmed`` after ``timeout_s`` naming each live interceptor that did
+    not confirm (a crashed one included: it is named, not waited out), or when fewer than
+    ``min_followers`` confirmed; ``AnnounceFailed`` when the reports topic is missing or unreadable.
+    """
+    reports_topic = applied_topic_of(topic)
+    confirmations = Confirmations(step, skew_s=skew_s, min_followers=min_followers)
+    where = f"policy version {label!r} (step {step}) was published on {topic} at {bootstrap}, but"
+    started = time.monotonic()
+    deadline = started + timeout_s
+    try:
+        consumer, ends = _open_from_start(bootstrap, reports_topic, f"tokentrail-announce-{uuid.uuid4().hex[:8]}")
+    except TransportError as exc:
+        raise AnnounceFailed(f"{where} its confirmations cannot be read: {exc}; create the reports topic with "
+                             "`tokentrail topics` (or announce without waiting: --no-confirm, confirm=False)") from exc
+    try:
+        if not ends:
+            confirmations.settle(time.time())
+        while not confirmations.done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = confirmations.missing()
+                raise NotConfirmed(
+                    f"{where} {confirmations.explain(time.time(), time.monotonic() - started)}. Tokens those "
+                    "interceptors label may carry the old version: do not resume the engine until they confirm "
+                    "(check their logs, /healthz and their access to the broker); a stopped one drops out of the "
+                    f"live set {DEFAULT_LEASE_S + skew_s:.0f} s after its last report: announce again then", missing)
+            msg = consumer.poll(min(left, 0.05))
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                log.warning("%s: %s", reports_topic, msg.error())
+                continue
+            key = (msg.key() or b"").decode("utf-8", "replace")
+            if msg.value() is None:
+                confirmations.gone(key)
+            else:
+                try:
+                    confirmations.note(decode_report(msg.value()), time.time())
+                except Exception as exc:  # content never stops the wait
+                    log.warning("%s record at offset %s skipped: %s", reports_topic, msg.offset(), exc)
+            end = ends.get(msg.partition())
+            if end is not None and msg.offset() + 1 >= end:
+                del ends[msg.partition()]
+                if not ends:
+                    confirmations.settle(time.time())
+    finally:
+        consumer.close()
+    return confirmations.confirmed()
+
+
+def _open_from_start(bootstrap: str, topic: str, group: str) -> tuple[Any, dict[int, int]]:
+    """A consumer assigned every partition of ``topic`` from its start, and each non-empty partition's end offset."""
+    config = consumer_config(bootstrap, group, extra={"logger": QUIET_LOGGER, "allow.auto.create.topics": False})
+    try:
+        consumer = confluent_kafka.Consumer(config)
+    except confluent_kafka.KafkaException as exc:
+        raise TransportError(f"cannot read {topic} at {bootstrap}: {exc}") from exc
+    try:
+        metadata = consumer.list_topics(topic, timeout=10)  # a consumer never auto-creates it
+    except confluent_kafka.KafkaException as exc:
+        consumer.close()
+        raise TransportError(f"cannot read {topic} at {bootstrap}: {exc}; check the bootstrap "
+                             "and that the broker is up") from exc
+    info = metadata.topics.get(topic)
+    if info is None or info.error is not None or not info.partitions:
+        consumer.close()
+        raise TransportError(f"topic {topic} does not exist at {bootstrap}: create it with `tokentrail topics`")
+    parts = [confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in sorted(info.partitions)]
+    ends: dict[int, int] = {}
+    try:
+        for tp in parts:
+            low, high = _watermarks(consumer, tp, deadline=time.monotonic() + 30.0)
+            if high > low:
+                ends[tp.partition] = high
+    except confluent_kafka.KafkaException as exc:
+        consumer.close()
+        raise TransportError(f"cannot read the end offsets of {topic} at {bootstrap}: {exc}") from exc
+    consumer.assign(parts)
+    return consumer, ends
 
 
 def _watermarks(consumer: Any, tp: Any, *, deadline: float) -> tuple[int, int]:
@@ -99,57 +217,74 @@ class VersionFollower:
     """The policy-versions topic folded into ``book``, kept current by a background thread."""
 
     def __init__(self, bootstrap: str, topic: str = POLICY_VERSIONS, *,
-                 on_change: Callable[[PolicyVersion], object] | None = None, poll_s: float = 0.2) -> None:
+                 on_change: Callable[[PolicyVersion], object] | None = None, poll_s: float = 0.2,
+                 report_as: str | None = None, on_fresh: Callable[[float], object] | None = None,
+                 heartbeat_s: float = DEFAULT_HEARTBEAT_S, lease_s: float = DEFAULT_LEASE_S) -> None:
         self.bootstrap, self.topic = bootstrap, topic
         self.book = VersionBook()
         self.skipped = 0  # records that could not be decoded
         self._callbacks = [on_change] if on_change is not None else []
-        self._poll_s = poll_s
+        self._poll_s = poll_s if report_as is None else min(poll_s, 0.05)
         self._stop = threading.Event()
         self._caught_up = threading.Event()
         self._ends: dict[int, int] = {}
         self._thread: threading.Thread | None = None
         self._consumer: Any = None
+        # Reports (schemas.version_reports): None until start() found the reports topic.
+        self.report_as, self.reports_topic = report_as, applied_topic_of(topic)
+        self._on_fresh, self._heartbeat_s, self._lease_s = on_fresh, heartbeat_s, lease_s
+        self._producer: Any = None
+        self._lock = threading.Lock()
+        self._applied: tuple[int | None, str | None] = (None, None)
+        self._next_report = 0.0
+        self._acked: list[float] = []  # monotonic send times of acknowledged reports (delivery callbacks)
+        self._check: tuple[float, dict[int, int]] | None = None  # (send time, versions topic end) to reach
+        self._next: dict[int, int] = {}  # the next offset to read, per partition
+        self._partitions: list[int] = []
+
+    @property
+    def reporting(self) -> bool:
+        return self._producer is not None
 
     def on_change(self, callback: Callable[[PolicyVersion], object]) -> None:
         self._callbacks.append(callback)
 
     def start(self) -> VersionFollower:
-        """Assign every partition from its start and begin following; TransportError if the topic is unknown."""
-        config = consumer_config(self.bootstrap, "tokentrail-versions-follower",
-                                 extra={"logger": QUIET_LOGGER, "allow.auto.create.topics": False})
-        try:
-            consumer = confluent_kafka.Consumer(config)
-        except confluent_kafka.KafkaException as exc:
-            raise TransportError(f"cannot read {self.topic} at {self.bootstrap}: {exc}") from exc
-        try:
-            metadata = consumer.list_topics(self.topic, timeout=10)  # a consumer never auto-creates it
-        except confluent_kafka.KafkaException as exc:
-            consumer.close()
-            raise TransportError(f"cannot read {self.topic} at {self.bootstrap}: {exc}; check the bootstrap "
-                                 "and that the broker is up") from exc
-        info = metadata.topics.get(self.topic)
-        if info is None or info.error is not None or not info.partitions:
-            consumer.close()
-            raise TransportError(f"topic {self.topic} does not exist at {self.bootstrap}: create it with "
-                                 "`tokentrail topics`")
-        parts = [confluent_kafka.TopicPartition(self.topic, p, confluent_kafka.OFFSET_BEGINNING)
-                 for p in sorted(info.partitions)]
-        try:
-            for tp in parts:
-                low, high = _watermarks(consumer, tp, deadline=time.monotonic() + 30.0)
-                if high > low:
-                    self._ends[tp.partition] = high
-        except confluent_kafka.KafkaException as exc:
-            consumer.close()
-            raise TransportError(f"cannot read the end offsets of {self.topic} at {self.bootstrap}: {exc}") from exc
-        consumer.assign(parts)
+        """Assign every partition from its start and begin following; TransportError if the topic is unknown.
+
+        With ``report_as``, a missing reports topic is logged and the follower runs without reporting
+        (``reporting`` False): an announcer waiting for confirmations fails naming `tokentrail topics`.
+        """
+        consumer, self._ends = _open_from_start(self.bootstrap, self.topic, "tokentrail-versions-follower")
         self._consumer = consumer
+        self._partitions = [tp.partition for tp in consumer.assignment()]
+        if self.report_as is not None:
+            self._start_reporting(consumer)
         if not self._ends:
             self._caught_up.set()
         self._thread = threading.Thread(target=self._run, name="tokentrail-versions", daemon=True)
         self._thread.start()
         return self
+
+    def _start_reporting(self, consumer: Any) -> None:
+        try:
+            info = consumer.list_topics(self.reports_topic, timeout=10).topics.get(self.reports_topic)
+        except confluent_kafka.KafkaException as exc:
+            info, why = None, str(exc)
+        else:
+            why = "it does not exist"
+        if info is None or info.error is not None or not info.partitions:
+            log.warning("not reporting applied policy versions on %s (%s): announcements cannot wait for this "
+                        "interceptor; create the topic with `tokentrail topics`", self.reports_topic, why)
+            return
+        self._producer = confluent_kafka.Producer(producer_config(
+            self.bootstrap, linger_ms=0, extra={"logger": QUIET_LOGGER, "allow.auto.create.topics": False}))
+
+    def applied(self, step: int | None, label: str | None) -> None:
+        """The owner's clock applied ``step`` (``label``): report it now. Thread-safe, never blocks."""
+        with self._lock:
+            self._applied = (step, label)
+        self._report()
 
     def wait_caught_up(self, timeout_s: float) -> bool:
         """True once every record published before ``start`` was read (False after ``timeout_s``)."""
@@ -159,14 +294,80 @@ class VersionFollower:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
+        if self._producer is not None:  # a clean stop: announcers stop waiting for this instance
+            try:
+                self._producer.produce(self.reports_topic, key=str(self.report_as).encode("utf-8"), value=None)
+                self._producer.flush(5)
+            except Exception as exc:  # the broker is gone: the report ages out of the live set instead
+                log.warning("could not withdraw %s from %s: %s", self.report_as, self.reports_topic, exc)
+            self._producer = None
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+
+    def _report(self) -> None:
+        producer = self._producer
+        if producer is None:
+            return
+        with self._lock:
+            step, label = self._applied
+            sent = time.monotonic()
+            self._next_report = sent + self._heartbeat_s
+        report = AppliedReport(instance=str(self.report_as), step=step, label=label, at=time.time(),
+                               lease_s=self._lease_s)
+
+        def delivered(err: Any, _msg: Any) -> None:
+            if err is None:
+                with self._lock:
+                    self._acked.append(sent)
+            else:
+                log.warning("applied-version report to %s failed: %s", self.reports_topic, err)
+
+        try:
+            producer.produce(self.reports_topic, key=report.instance.encode("utf-8"), value=encode_report(report),
+                             on_delivery=delivered)
+        except (BufferError, confluent_kafka.KafkaException) as exc:
+            log.warning("applied-version report to %s not sent: %s", self.reports_topic, exc)
+
+    def _lease_step(self) -> None:
+        """Heartbeat, then renew the owner's lease: an acknowledged report, then the topic read to its end."""
+        producer = self._producer
+        if producer is None:
+            return
+        producer.poll(0)  # delivery callbacks
+        if time.monotonic() >= self._next_report:
+            self._report()
+        if self._check is None:
+            with self._lock:
+                sent = max(self._acked) if self._acked else None
+                self._acked.clear()
+            if sent is not None:
+                # The end offsets read after the report was acknowledged: an announcement published
+                # before then is below them, so the owner renews only once it applied it.
+                ends = {}
+                for p in self._partitions:
+                    tp = confluent_kafka.TopicPartition(self.topic, p)
+                    try:
+                        ends[p] = _watermarks(self._consumer, tp, deadline=time.monotonic() + 5.0)[1]
+                    except confluent_kafka.KafkaException as exc:
+                        log.warning("cannot read the end of %s: %s", self.topic, exc)
+                        return
+                self._check = (sent, ends)
+        if self._check is not None:
+            sent, ends = self._check
+            if all(self._next.get(p, 0) >= end for p, end in ends.items()):
+                self._check = None
+                if self._on_fresh is not None:
+                    try:
+                        self._on_fresh(sent + self._lease_s)
+                    except Exception:
+                        log.exception("policy-versions lease subscriber failed")
 
     def _run(self) -> None:
         codec = policy_version_codec()
         while not self._stop.is_set():
             try:
+                self._lease_step()
                 msg = self._consumer.poll(self._poll_s)
             except Exception as exc:  # the client closed under us, or a fatal error: keep what we have
                 log.error("policy-versions follower stopped: %s", exc)
@@ -193,6 +394,7 @@ class VersionFollower:
                         log.exception("policy-versions subscriber failed")
 
     def _note_position(self, partition: int, offset: int) -> None:
+        self._next[partition] = offset + 1
         end = self._ends.get(partition)
         if end is not None and offset + 1 >= end:
             del self._ends[partition]
