@@ -1,0 +1,205 @@
+"""Streams across a keep-pause weight update, many in a row, the trainer announcing on the real versions topic.
+
+Shared by the stand-in engine's test (``tests/integration/producers/test_applied_versions.py``) and real
+vLLM's (``tests/integration/e2e/test_vllm_versions.py``). Each run: one streamed call through an
+in-process interceptor that follows the topic; at its first chunk the trainer pauses the engine
+(``keep``), updates it, announces ``v<k>`` with ``announce_version`` (which returns once every live
+interceptor applied it) and resumes: ``sync(k, announce)`` does all that (``label_sync`` for a label
+only; real vLLM's test passes ``push_weights``). A CPU
+burner (``cpu_burner``) loads the machine beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from compose.engines.vllm_rig.admin import pause, resume, set_version
+from producers.http.app import Interceptor
+from producers.settings import InterceptorSettings
+from schemas.kafka.topics import TopicNames
+from schemas.kafka.versions import announce_version
+from schemas.records import CallCaptured
+from tests.unit.producers.conftest import RecordingPublisher
+
+
+@contextlib.contextmanager
+def cpu_burner() -> Iterator[subprocess.Popen]:
+    """One process spinning a core for the duration (the load under which labels were seen to lag)."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+class Tap(httpx.AsyncBaseTransport):
+    """Between interceptor and engine: counts each streamed call's chunks as the engine sends them (and calls
+    ``on_first`` at the first), and with ``strip`` keeps its ``weight_versions`` (the engine's truth of which
+    version sampled each token) but hides them from the interceptor, which must then label by itself."""
+
+    def __init__(self, strip: bool) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.strip = strip
+        self.truth: list[list[dict]] = []  # per streamed call, in order
+        self.chunks = 0  # tokens the engine sent of the current call
+        self.arrivals: list[float] = []  # when each of them reached the interceptor (monotonic)
+        self.on_first: Callable[[], None] | None = None
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if not request.url.path.endswith("/chat/completions"):
+            return response
+        spans: list[dict] = []
+        self.truth.append(spans)
+        self.chunks = 0
+        self.arrivals = []
+
+        async def strip() -> Any:
+            buffer = b""
+            async for piece in response.stream:  # type: ignore[union-attr]
+                buffer += piece
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.startswith(b"data: {"):
+                        doc = json.loads(line[6:])
+                        for choice in doc.get("choices") or []:
+                            if self.strip and choice.get("weight_versions"):
+                                spans.extend(choice.pop("weight_versions"))
+                            if self.strip:
+                                choice.pop("weight_versions", None)
+                            got = len(choice.get("token_ids") or []) or bool((choice.get("delta") or {}).get("content"))
+                            if got:
+                                self.chunks += got
+                                self.arrivals += [time.monotonic()] * got
+                                if self.chunks == got and self.on_first is not None:
+                                    self.on_first()
+                        line = b"data: " + json.dumps(doc).encode()
+                    yield line + b"\n"
+            if buffer:
+                yield buffer
+
+        headers = [(k, v) for k, v in response.headers.raw if k.lower() != b"content-length"]
+        return httpx.Response(response.status_code, headers=headers, stream=_Stream(strip(), response),
+                              extensions=response.extensions)
+
+
+class _Stream(httpx.AsyncByteStream):
+    def __init__(self, gen: Any, response: httpx.Response) -> None:
+        self.gen, self.response = gen, response
+
+    async def __aiter__(self) -> Any:
+        async for piece in self.gen:
+            yield piece
+
+    async def aclose(self) -> None:
+        await self.response.aclose()
+
+
+@dataclass
+class Run:
+    k: int
+    captured: CallCaptured | None = None
+    truth: list[dict] = field(default_factory=list)  # the engine's spans, when it reported them
+    seen_at_resume: int = -1  # tokens the engine had sent when the announcement returned
+    announce_s: float = 0.0
+    before_announce_s: float = 0.0  # from the first token to the announcement: the pause, the update
+    after_resume: int = 0  # tokens that reached the interceptor after the resume returned: generated after it
+
+    @property
+    def spans(self) -> list[tuple[str, int, int]]:
+        assert self.captured is not None
+        return [(s.version, s.start, s.end) for s in self.captured.facts.version_spans]
+
+
+Sync = Callable[[int, Callable[[str], None]], None]
+
+
+def label_sync(engine_url: str) -> Sync:
+    """Pause (keep), name the weights ``v<k>``, announce, resume: an update of the label only."""
+    def sync(k: int, announce: Callable[[str], None]) -> None:
+        pause(engine_url, "keep")
+        try:
+            set_version(engine_url, f"v{k}")
+            announce(f"v{k}")
+        finally:
+            resume(engine_url)
+    return sync
+
+
+async def keep_pause_runs(engine_url: str, bootstrap: str, names: TopicNames, runs: int, *, max_tokens: int,
+                          sync: Sync, strip: bool, first: int = 1, counts: Callable[[Run], bool] | None = None,
+                          budget_s: float = float("inf")) -> list[Run]:
+    """Streams, each across one keep-pause update announced as ``v<k>`` (k = first, first+1, ...), until ``runs``
+    of them ``counts`` (default: every one), or ``budget_s`` seconds have passed (then fewer: the caller says)."""
+    deadline = time.monotonic() + budget_s
+    transport = Tap(strip)
+    upstream = httpx.AsyncClient(base_url=engine_url, timeout=120, transport=transport)
+    publisher = RecordingPublisher()
+    settings = InterceptorSettings(upstream_url=engine_url, bootstrap=bootstrap, topics=names, follow_versions=True)
+    app = Interceptor(settings, publisher=publisher, upstream=upstream)  # type: ignore[arg-type]
+    await app.startup()
+    out: list[Run] = []
+    try:
+        model = (await upstream.get("/v1/models")).json()["data"][0]["id"]
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://tt",
+                                     timeout=120) as http:
+            k = first
+            while sum(1 for r in out if counts is None or counts(r)) < runs and time.monotonic() < deadline:
+                out.append(await _one(http, transport, bootstrap, names, k, model, max_tokens, sync))
+                out[-1].captured = [e.body for e in publisher.events if isinstance(e.body, CallCaptured)][-1]
+                out[-1].truth = transport.truth[-1]
+                k += 1
+    finally:
+        await app.shutdown()
+    return out
+
+
+async def _one(http: httpx.AsyncClient, tap: Tap, bootstrap: str, names: TopicNames, k: int, model: str,
+               max_tokens: int, sync: Sync) -> Run:
+    run = Run(k)
+    rid = f"kp{k}-{uuid.uuid4().hex[:6]}"
+
+    first = [0.0]
+
+    def announce(label: str) -> None:  # before the resume; returns once every live interceptor applied it
+        started = time.monotonic()
+        run.before_announce_s = started - first[0]
+        announce_version(bootstrap, label, k, topic=names.policy_versions, confirm_timeout_s=20)
+        run.announce_s = time.monotonic() - started
+        run.seen_at_resume = tap.chunks
+
+    tasks: list[asyncio.Future] = []
+    resumed = [float("inf")]
+
+    def sync_then_note() -> None:
+        sync(k, announce)
+        resumed[0] = time.monotonic()  # the resume returned (the last step of every sync)
+
+    def on_first() -> None:
+        first[0] = time.monotonic()
+        tasks.append(asyncio.ensure_future(asyncio.to_thread(sync_then_note)))
+
+    tap.on_first = on_first
+    body = {"model": model, "messages": [{"role": "user", "content": f"go {k}"}], "max_tokens": max_tokens,
+            "stream": True, "ignore_eos": True}
+    try:
+        r = await http.post(f"/ng-rollout/{rid}/training-token-capture/v1/chat/completions", json=body)
+    finally:
+        tap.on_first = None
+    assert r.status_code == 200, r.text
+    assert tasks, "the stream carried no tokens"
+    await tasks[0]
+    run.after_resume = sum(t > resumed[0] for t in tap.arrivals)
+    return run
