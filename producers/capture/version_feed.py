@@ -72,7 +72,7 @@ async def follow(settings: InterceptorSettings, clock: VersionClock) -> Any:
         log.warning("no confirmed report of the applied policy version within %.0f s: calls are recorded with an "
                     "unknown version until one is (check the broker and %s)", FIRST_LEASE_WAIT_S,
                     follower.reports_topic)
-    follower.lease = lease  # type: ignore[attr-defined]  # kept alive with the follower; cancelled at close
+    follower.lease = lease  # kept alive with the follower
     return follower
 
 
