@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from httpx_aiohttp import AiohttpTransport
 from starlette.requests import Request
 
 from producers.capture.core import CaptureCore
@@ -81,6 +80,10 @@ def engine_client(settings: InterceptorSettings) -> httpx.AsyncClient:
     bookkeeping is linear in its connections, which httpcore 1.0.9's is not: encode/httpx#3215).
     Everything above the transport (requests, streaming, errors as httpx exceptions) is httpx's.
     """
+    # Imported here: only the proxy builds an engine client. The middleware, loaded into vLLM's own
+    # environment (which lacks httpx-aiohttp), reaches its engine through an in-process transport.
+    from httpx_aiohttp import AiohttpTransport
+
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
     return httpx.AsyncClient(
         base_url=settings.upstream_url,
