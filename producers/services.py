@@ -80,16 +80,44 @@ def engine_client(settings: InterceptorSettings) -> httpx.AsyncClient:
     bookkeeping is linear in its connections, which httpcore 1.0.9's is not: encode/httpx#3215).
     Everything above the transport (requests, streaming, errors as httpx exceptions) is httpx's.
     """
-    # Imported here: only the proxy builds an engine client. The middleware, loaded into vLLM's own
-    # environment (which lacks httpx-aiohttp), reaches its engine through an in-process transport.
-    from httpx_aiohttp import AiohttpTransport
-
-    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+    # Idle connections are dropped after 2 s, well before the engine's server closes them (uvicorn's
+    # and vLLM's keep-alive is 5 s): a connection reused just as the server closes it fails the request.
+    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=2.0)
     return httpx.AsyncClient(
         base_url=settings.upstream_url,
         timeout=httpx.Timeout(settings.engine_timeout_s, connect=10.0),  # a backstop: generation owns its deadlines
-        transport=AiohttpTransport(limits=limits),
+        transport=_engine_transport(limits),
     )
+
+
+def _engine_transport(limits: httpx.Limits) -> httpx.AsyncBaseTransport:
+    # Imported here: only the proxy builds an engine client. The middleware, loaded into vLLM's own
+    # environment (which lacks httpx-aiohttp), reaches its engine through an in-process transport.
+    import aiohttp
+    from httpx_aiohttp import AiohttpTransport
+
+    class EngineTransport(AiohttpTransport):
+        """Sends a request again, once, on a new connection when the pooled one it went out on had been closed
+        by the engine before any answer (aiohttp's ServerDisconnectedError): the engine never took it (or, if
+        it had, aborts it for the closed connection), so nothing is generated twice for a harness."""
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            try:
+                return await super().handle_async_request(request)
+            except httpx.TransportError as exc:
+                if not isinstance(exc.__cause__, aiohttp.ServerDisconnectedError) or not _replayable(request):
+                    raise
+                return await super().handle_async_request(request)
+
+    return EngineTransport(limits=limits)
+
+
+def _replayable(request: httpx.Request) -> bool:
+    try:
+        request.content  # noqa: B018 - a body sent from memory can be sent again; a streamed one cannot
+    except httpx.RequestNotRead:
+        return False
+    return True
 
 
 async def probe_prefix_supply_of(settings: InterceptorSettings, upstream: httpx.AsyncClient,

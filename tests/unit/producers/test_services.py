@@ -107,3 +107,32 @@ async def test_a_stream_arrives_as_written_and_closing_it_early_closes_the_conne
     finally:
         await client.aclose()
         server.close()
+
+
+async def test_a_request_on_a_connection_the_engine_dropped_is_sent_again_once():
+    # The race a keep-alive pool runs into: the engine closes an idle connection just as the client reuses
+    # it. Here every connection answers one request, then closes on the next without answering.
+    opened = []
+
+    async def serve(reader, writer):
+        opened.append(writer)
+        for answered in range(2):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            await reader.readexactly(length)
+            if answered:
+                break  # the second request on this connection: dropped unanswered
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: text/plain\r\n\r\nok")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    client = _client(server.sockets[0].getsockname()[1])
+    try:
+        assert (await client.post("/v1/chat/completions", content=b"{}")).text == "ok"
+        assert (await client.post("/v1/chat/completions", content=b"{}")).text == "ok"  # on a new connection
+        assert len(opened) == 2
+    finally:
+        await client.aclose()
+        server.close()
