@@ -37,7 +37,7 @@ def test_the_prefix_cache_hits_within_a_version_and_never_across(kafka_bootstrap
                                                                 vllm_random_engine):
     tag = uuid.uuid4().hex[:8]
     with LocalStack(kafka_bootstrap, tmp_path_factory.mktemp("salt"), topic_prefix=f"cs{tag}.",
-                    processor_id=f"cs{tag}", upstream_url=vllm_random_engine.url) as stack:
+                    processor_id=f"cs{tag}", upstream_url=vllm_random_engine.url, with_pipeline=False) as stack:
         admin = {"authorization": f"Bearer {stack.control_token}"}
 
         def announce(label: str) -> None:
