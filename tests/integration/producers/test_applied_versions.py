@@ -69,17 +69,19 @@ async def test_no_token_sampled_after_the_resume_is_labelled_old_under_load(kafk
         set_version(stack.policy_url, "v0")
         announce_version(kafka_bootstrap, "v0", 0, topic=stack.topics.policy_versions)
         started = time.monotonic()
-        runs = await keep_pause_runs(stack.policy_url, kafka_bootstrap, stack.topics, 20, max_tokens=80,
-                                     sync=label_sync(stack.policy_url), strip=True)
+        runs = await keep_pause_runs(stack.policy_url, kafka_bootstrap, stack.topics, 20, max_tokens=TOKENS,
+                                     sync=label_sync(stack.policy_url), strip=True, counts=_crossed, budget_s=90)
     took = time.monotonic() - started
     old_labelled, both, lines = 0, 0, []
     for run in runs:
         truth = [span["version"] for span in run.truth for _ in range(span["start"], span["end"])]
         labels = [v for v, s, e in run.spans for _ in range(s, e)]
-        assert len(truth) == len(labels) == 80, (run.truth, run.spans)
+        assert len(truth) == len(labels) == TOKENS, (run.truth, run.spans)
         assert run.captured.facts.version_spans_source == "observed"  # the interceptor labelled it, not the engine
+        if not _crossed(run):  # the pause landed after the stream ended (a loaded host): nothing to test
+            lines.append(f"run {run.k}: ended before the pause landed, not counted")
+            continue
         after_resume = [i for i, v in enumerate(truth) if v == f"v{run.k}"]
-        assert after_resume and after_resume[0] > 0, f"run {run.k}: the engine did not generate across the update"
         both += {f"v{run.k - 1}", f"v{run.k}"} <= set(labels)
         wrong = [i for i in after_resume if labels[i] == f"v{run.k - 1}"]
         old_labelled += len(wrong)
@@ -88,3 +90,12 @@ async def test_no_token_sampled_after_the_resume_is_labelled_old_under_load(kafk
     print(f"\n20 runs in {took:.1f} s; tokens sampled after the resume labelled old: {old_labelled}; runs with both "
           f"versions: {both}\n" + "\n".join(lines))
     assert old_labelled == 0, "\n".join(lines)
+    assert sum(map(_crossed, runs)) >= 20, "fewer than 20 runs generated across the update:\n" + "\n".join(lines)
+
+
+TOKENS = 160  # 0.64 s of decode at 4 ms a token: the pause asked for at the first token lands mid-stream
+
+
+def _crossed(run) -> bool:
+    """The engine sampled tokens of the new version after some of the old one: the run spans the update."""
+    return any(span["version"] == f"v{run.k}" and span["start"] > 0 for span in run.truth)
