@@ -17,7 +17,8 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import NewTopic
 
 from schemas.errors import TokentrailError, TransportError
-from schemas.kafka.bridge import AckedProducer, PublishFailed, admin_client
+from schemas.kafka.bridge import AckedProducer, KafkaAuthFailed, PublishFailed, admin_client
+from schemas.kafka.security import KafkaSecurity
 from schemas.kafka.topics import DEFAULT_PARTITIONS, TopicNames, partitions_of
 
 
@@ -26,7 +27,8 @@ class TopicError(TokentrailError):
 
 
 def ensure_topics(bootstrap: str, names: TopicNames | None = None,
-                  partitions: int = DEFAULT_PARTITIONS, *, timeout: float = 30.0) -> None:
+                  partitions: int = DEFAULT_PARTITIONS, *, timeout: float = 30.0,
+                  security: KafkaSecurity | None = None) -> None:
     """Create the topics of ``names`` on ``bootstrap``; existing topics count as success.
 
     ``timeout`` bounds the wait for the broker to answer (it may still be starting, e.g.
@@ -36,7 +38,7 @@ def ensure_topics(bootstrap: str, names: TopicNames | None = None,
     # Quiet (librdkafka would print every refused connection while the broker starts; what matters
     # reaches the caller as a TopicError) and quick to notice a broker that just came up.
     try:
-        admin = admin_client(bootstrap)
+        admin = admin_client(bootstrap, security=security)
     except TransportError as exc:
         raise TopicError(str(exc)) from exc
     _wait_for_broker(admin, bootstrap, timeout)
@@ -65,6 +67,8 @@ def _wait_for_broker(admin: Any, bootstrap: str, timeout: float) -> None:
         try:
             if admin.list_topics(timeout=min(2.0, max(0.1, deadline - time.monotonic()))).brokers:
                 return
+        except KafkaAuthFailed as exc:  # final: waiting cannot help
+            raise TopicError(str(exc)) from exc
         except KafkaException:
             pass
         if time.monotonic() >= deadline:

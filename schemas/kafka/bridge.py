@@ -41,8 +41,9 @@ from confluent_kafka.admin import AdminClient
 
 from schemas.errors import TransportError
 from schemas.kafka.config import admin_config, delivery_timeout_s
+from schemas.kafka.security import KafkaSecurity
 
-__all__ = ["AckedProducer", "PublishFailed", "classify", "admin_client"]
+__all__ = ["AckedProducer", "PublishFailed", "KafkaAuthFailed", "classify", "admin_client", "check_credentials"]
 
 Headers = list[tuple[str, bytes]] | None
 
@@ -62,23 +63,113 @@ class PublishFailed(TransportError):
 # (The Python client does not expose librdkafka's per-message persistence status, so
 # every other failure, a message timeout included, counts as possibly persisted.)
 _NOT_SENT = {confluent_kafka.KafkaError._TIMED_OUT_QUEUE, confluent_kafka.KafkaError._PURGE_QUEUE}
-# Errors no retry can fix.
-_PERMANENT = {confluent_kafka.KafkaError.MSG_SIZE_TOO_LARGE, confluent_kafka.KafkaError._INVALID_ARG}
+# Errors no retry can fix (an ACL refusal too: the broker never wrote the record).
+_DENIED = {confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED, confluent_kafka.KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+           confluent_kafka.KafkaError._AUTHENTICATION}
+_PERMANENT = {confluent_kafka.KafkaError.MSG_SIZE_TOO_LARGE, confluent_kafka.KafkaError._INVALID_ARG, *_DENIED}
 
 
 def classify(err: Any, message: str) -> PublishFailed:
     """``PublishFailed`` for a delivery error ``err`` (a ``KafkaError``; anything else counts as possibly persisted)."""
     code = err.code() if callable(getattr(err, "code", None)) else None
+    if code in _DENIED:
+        message += ("; this process's Kafka principal (sasl.username of its --kafka-config) may not write the "
+                    "topic: grant it WRITE on it (the ACL table in docs/deploying.md), or use the right role's config")
     return PublishFailed(message, possibly_persisted=code not in _NOT_SENT and code not in _PERMANENT,
                          permanent=code in _PERMANENT)
 
 
-def admin_client(bootstrap: str, *, extra: Mapping[str, Any] | None = None) -> Any:
-    """An AdminClient for ``bootstrap`` (``admin_config``: quiet log, quick reconnect); TransportError if refused."""
+class KafkaAuthFailed(TransportError):
+    """The broker refused this client's credentials or its TLS handshake: no retry can succeed.
+
+    Raised at start (`check_credentials`, and by an `admin_client`'s ``list_topics``), instead of
+    waiting for a broker that will never let the process in.
+    """
+
+
+# librdkafka reports a refused SASL login and a failed TLS handshake through the error callback only;
+# a request just waits for its timeout. These codes are final: the credentials or certificates are wrong.
+_AUTH_CODES = {confluent_kafka.KafkaError._AUTHENTICATION, confluent_kafka.KafkaError._SSL}
+
+
+class _AuthWatch:
+    """The error callback of a client: keeps the first authentication or TLS failure."""
+
+    def __init__(self) -> None:
+        self.error: Any = None
+
+    def __call__(self, err: Any) -> None:
+        if self.error is None and err.code() in _AUTH_CODES:
+            self.error = err
+
+
+def auth_failure(bootstrap: str, security: KafkaSecurity | None, err: Any) -> KafkaAuthFailed:
+    """The message of a refused login or TLS handshake: who tried, and which settings to check."""
+    sec = security or KafkaSecurity()
+    where = f" in {sec.source}" if sec.source else ""
+    text = err.str() if callable(getattr(err, "str", None)) else str(err)
+    if getattr(err, "code", lambda: None)() == confluent_kafka.KafkaError._SSL:
+        fix = (f"check ssl.ca.location (the CA that signed the broker's certificate), ssl.certificate.location "
+               f"and ssl.key.location{where}")
+    else:
+        fix = f"check sasl.mechanism, sasl.username and sasl.password{where} (the password is not shown)"
+    return KafkaAuthFailed(f"Kafka at {bootstrap} refused {sec.describe()}: {text}; {fix}")
+
+
+class _Admin:
+    """An AdminClient whose ``list_topics`` raises `KafkaAuthFailed` once the broker refused the login."""
+
+    def __init__(self, client: Any, watch: _AuthWatch, bootstrap: str, security: KafkaSecurity | None) -> None:
+        self._client, self._watch, self._bootstrap, self._security = client, watch, bootstrap, security
+
+    def list_topics(self, *args: Any, **kwargs: Any) -> Any:
+        self._raise_if_refused()
+        try:
+            return self._client.list_topics(*args, **kwargs)
+        except confluent_kafka.KafkaException:
+            self._raise_if_refused()
+            raise
+
+    def _raise_if_refused(self) -> None:
+        self._client.poll(0)  # serves the error callback
+        if self._watch.error is not None:
+            raise auth_failure(self._bootstrap, self._security, self._watch.error)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def admin_client(bootstrap: str, *, security: KafkaSecurity | None = None,
+                 extra: Mapping[str, Any] | None = None) -> Any:
+    """An AdminClient for ``bootstrap`` (``admin_config``: quiet log, quick reconnect); TransportError if refused.
+
+    ``security``: the process's `KafkaSecurity`. Its ``list_topics`` raises `KafkaAuthFailed` once the
+    broker refused the credentials (the plain client would time out as if no broker answered).
+    """
+    watch = _AuthWatch()
     try:
-        return AdminClient(admin_config(bootstrap, extra=extra))
+        client = AdminClient(admin_config(bootstrap, security=security, extra={"error_cb": watch, **(extra or {})}))
     except confluent_kafka.KafkaException as exc:
         raise TransportError(f"cannot create a Kafka admin client for {bootstrap}: {exc}") from exc
+    return _Admin(client, watch, bootstrap, security)
+
+
+def check_credentials(bootstrap: str, security: KafkaSecurity | None, *, timeout_s: float = 10.0) -> bool:
+    """True once the broker answered metadata with these credentials; False if none answered in ``timeout_s``.
+
+    `KafkaAuthFailed` as soon as the broker refused the login or the TLS handshake (no waiting out the timeout).
+    """
+    admin = admin_client(bootstrap, security=security)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if admin.list_topics(timeout=max(0.1, min(1.0, deadline - time.monotonic()))).brokers:
+                return True
+        except confluent_kafka.KafkaException:
+            pass
+        if time.monotonic() >= deadline:
+            admin._raise_if_refused()
+            return False
 
 
 class AckedProducer:

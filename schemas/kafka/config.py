@@ -18,6 +18,9 @@ the benchmarks):
   so latency is the cost (the records are small events or already
   delta-encoded token arrays).
 
+Every builder takes ``security``, the process's `KafkaSecurity` (``schemas.kafka.security``: TLS, SASL,
+parsed once from ``--kafka-config``); its librdkafka settings go into every client the same way.
+
 Callers' differences are keyword arguments, each with its reason at the call
 site (e.g. ``linger_ms=0`` where a record is waited for alone, a longer
 linger for bulk loads). `consumer_config` and `admin_config` do the same for
@@ -30,6 +33,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from schemas.kafka.security import KafkaSecurity
 from schemas.kafka.topics import MAX_MESSAGE_BYTES
 
 __all__ = [
@@ -58,6 +62,7 @@ QUIET_LOGGER.propagate, QUIET_LOGGER.disabled = False, True
 def producer_config(bootstrap: str, *, linger_ms: float = DEFAULT_LINGER_MS,
                     delivery_timeout_ms: int = DEFAULT_DELIVERY_TIMEOUT_MS,
                     max_message_bytes: int = MAX_MESSAGE_BYTES, compression: str = "none",
+                    security: KafkaSecurity | None = None,
                     extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The producer configuration every tokentrail producer uses (see the module docstring).
 
@@ -77,12 +82,12 @@ def producer_config(bootstrap: str, *, linger_ms: float = DEFAULT_LINGER_MS,
         # Every record is awaited: no Nagle delay on the produce socket (one capture is one small request).
         "socket.nagle.disable": True,
     }
-    return _merged(config, extra, fixed=("enable.idempotence", "acks", "partitioner"))
+    return _merged(config, security, extra, fixed=("enable.idempotence", "acks", "partitioner"))
 
 
 def consumer_config(bootstrap: str, group_id: str, *, partition_eof: bool = False,
                     session_timeout_ms: int | None = None, max_message_bytes: int = MAX_MESSAGE_BYTES,
-                    fetch_wait_ms: int = DEFAULT_FETCH_WAIT_MS,
+                    fetch_wait_ms: int = DEFAULT_FETCH_WAIT_MS, security: KafkaSecurity | None = None,
                     extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A reader that commits only by hand and sees only committed (non-aborted) records.
 
@@ -103,16 +108,17 @@ def consumer_config(bootstrap: str, group_id: str, *, partition_eof: bool = Fals
         config["enable.partition.eof"] = True
     if session_timeout_ms is not None:
         config["session.timeout.ms"] = session_timeout_ms
-    return _merged(config, extra, fixed=("enable.auto.commit",))
+    return _merged(config, security, extra, fixed=("enable.auto.commit",))
 
 
 def admin_config(bootstrap: str, *, logger: logging.Logger | None = QUIET_LOGGER,
+                 security: KafkaSecurity | None = None,
                  extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """An admin client that notices a broker that just came up and keeps librdkafka's log quiet."""
     config: dict[str, Any] = {"bootstrap.servers": bootstrap, "reconnect.backoff.max.ms": 1000}
     if logger is not None:
         config["logger"] = logger
-    return _merged(config, extra, fixed=())
+    return _merged(config, security, extra, fixed=())
 
 
 def delivery_timeout_s(config: Mapping[str, Any]) -> float:
@@ -120,8 +126,15 @@ def delivery_timeout_s(config: Mapping[str, Any]) -> float:
     return float(config.get("delivery.timeout.ms", 300_000)) / 1000
 
 
-def _merged(config: dict[str, Any], extra: Mapping[str, Any] | None, *, fixed: tuple[str, ...]) -> dict[str, Any]:
+def _merged(config: dict[str, Any], security: KafkaSecurity | None, extra: Mapping[str, Any] | None, *,
+            fixed: tuple[str, ...]) -> dict[str, Any]:
+    secured = security.librdkafka() if security is not None else {}
+    config.update(secured)
     for key, value in (extra or {}).items():
+        if key in secured or key.startswith(("security.", "sasl.", "ssl.")):
+            # ``extra`` may tune a client, never change how it authenticates (and never echo a secret).
+            raise ValueError(f"{key}: how a client authenticates is set only by the Kafka client config file "
+                             "(--kafka-config / TOKENTRAIL_KAFKA_CONFIG); set it there")
         if key in fixed and config[key] != value:
             raise ValueError(f"{key}={value!r}: tokentrail's Kafka contract fixes it to {config[key]!r}")
         config[key] = value

@@ -27,6 +27,7 @@ import confluent_kafka
 
 from schemas.errors import TransportError
 from schemas.kafka.config import consumer_config
+from schemas.kafka.security import KafkaSecurity
 
 __all__ = ["TopicReader"]
 
@@ -34,11 +35,12 @@ __all__ = ["TopicReader"]
 class TopicReader:
     """Reads partition ranges of any topic on ``bootstrap``; one instance per thread."""
 
-    def __init__(self, bootstrap: str, *, timeout_s: float = 30.0, config: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, bootstrap: str, *, timeout_s: float = 30.0, config: Mapping[str, Any] | None = None,
+                 security: KafkaSecurity | None = None) -> None:
         self.timeout_s = timeout_s
         settings = consumer_config(
             bootstrap, f"tokentrail-reader-{uuid.uuid4().hex}",  # never joined: partitions are assigned
-            partition_eof=True,
+            partition_eof=True, security=security,
             extra={"fetch.wait.max.ms": 20, **(config or {})},  # a reader waits for the log end, not for more data
         )
         try:

@@ -181,6 +181,8 @@ def wait_for_topics(admin: Any, required: Iterable[str], *, bootstrap: str, name
     while True:
         try:
             metadata = admin.list_topics(timeout=max(0.1, min(2.0, deadline - clock())))
+        except TokentrailError:  # final (the broker refused the credentials): waiting cannot help
+            raise
         except Exception as exc:  # the client's own error type; this module imports no client
             last_error = f"{type(exc).__name__}: {exc}"
         else:

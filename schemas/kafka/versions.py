@@ -36,6 +36,7 @@ from schemas.codec import policy_version_codec
 from schemas.errors import TransportError
 from schemas.kafka.bridge import AckedProducer, PublishFailed, admin_client
 from schemas.kafka.config import QUIET_LOGGER, consumer_config, producer_config
+from schemas.kafka.security import KafkaSecurity
 from schemas.kafka.topics import POLICY_VERSIONS, TopicsUnavailable, applied_topic_of, topic_names, wait_for_topics
 from schemas.policy_versions import PolicyVersion, VersionBook
 from schemas.version_reports import (
@@ -67,7 +68,8 @@ class NotConfirmed(AnnounceFailed):
 
 def announce_version(bootstrap: str, label: str, step: int, *, topic: str = POLICY_VERSIONS, weights: str = "",
                      timeout_s: float = 30.0, confirm: bool = True, confirm_timeout_s: float = 30.0,
-                     min_followers: int = 0, skew_s: float = DEFAULT_SKEW_S) -> PolicyVersion:
+                     min_followers: int = 0, skew_s: float = DEFAULT_SKEW_S,
+                     security: KafkaSecurity | None = None) -> PolicyVersion:
     """Publish ``label`` as the current version (the trainer's ``step``); with ``confirm``, wait until applied.
 
     ``ContractError`` (before any I/O) for an invalid label or step; ``AnnounceFailed`` unless the
@@ -81,12 +83,12 @@ def announce_version(bootstrap: str, label: str, step: int, *, topic: str = POLI
     where = f"announcing policy version {label!r} (step {step}) on {topic} at {bootstrap}"
     try:
         # The metadata of all topics never auto-creates one (a metadata request for `topic` would).
-        wait_for_topics(admin_client(bootstrap), [topic], bootstrap=bootstrap, names=_names_of(topic),
+        wait_for_topics(admin_client(bootstrap, security=security), [topic], bootstrap=bootstrap, names=_names_of(topic),
                         timeout=min(timeout_s, 10.0))
     except (TopicsUnavailable, TransportError) as exc:
         raise AnnounceFailed(f"{where} failed: {exc}") from exc
     # Belt and braces: a topic deleted after the check is not re-created with the broker's defaults.
-    config = producer_config(bootstrap, extra={"logger": QUIET_LOGGER, "allow.auto.create.topics": False})
+    config = producer_config(bootstrap, security=security, extra={"logger": QUIET_LOGGER, "allow.auto.create.topics": False})
     producer = AckedProducer(config, name="tokentrail-versions")
     try:
         producer.produce_sync(topic, label.encode("utf-8"), value, timeout_s=timeout_s)
@@ -97,12 +99,13 @@ def announce_version(bootstrap: str, label: str, step: int, *, topic: str = POLI
         producer.close_sync(5.0)
     if confirm:
         wait_applied(bootstrap, label, step, topic=topic, timeout_s=confirm_timeout_s, min_followers=min_followers,
-                     skew_s=skew_s)
+                     skew_s=skew_s, security=security)
     return announcement
 
 
 def wait_applied(bootstrap: str, label: str, step: int, *, topic: str = POLICY_VERSIONS, timeout_s: float = 30.0,
-                 min_followers: int = 0, skew_s: float = DEFAULT_SKEW_S) -> list[str]:
+                 min_followers: int = 0, skew_s: float = DEFAULT_SKEW_S,
+                 security: KafkaSecurity | None = None) -> list[str]:
     """Wait until every live interceptor following ``topic`` reported it applied ``step``; their instance ids.
 
     Reads the reports topic (``applied_topic_of(topic)``) from its start (``Confirmations``: who is
@@ -116,7 +119,8 @@ def wait_applied(bootstrap: str, label: str, step: int, *, topic: str = POLICY_V
     started = time.monotonic()
     deadline = started + timeout_s
     try:
-        consumer, ends = _open_from_start(bootstrap, reports_topic, f"tokentrail-announce-{uuid.uuid4().hex[:8]}")
+        consumer, ends = _open_from_start(bootstrap, reports_topic, f"tokentrail-announce-{uuid.uuid4().hex[:8]}",
+                                          security=security)
     except TransportError as exc:
         raise AnnounceFailed(f"{where} its confirmations cannot be read: {exc}; create the reports topic with "
                              "`tokentrail topics` (or announce without waiting: --no-confirm, confirm=False)") from exc
@@ -156,9 +160,11 @@ def wait_applied(bootstrap: str, label: str, step: int, *, topic: str = POLICY_V
     return confirmations.confirmed()
 
 
-def _open_from_start(bootstrap: str, topic: str, group: str) -> tuple[Any, dict[int, int]]:
+def _open_from_start(bootstrap: str, topic: str, group: str, *,
+                     security: KafkaSecurity | None = None) -> tuple[Any, dict[int, int]]:
     """A consumer assigned every partition of ``topic`` from its start, and each non-empty partition's end offset."""
-    config = consumer_config(bootstrap, group, extra={"logger": QUIET_LOGGER, "allow.auto.create.topics": False})
+    config = consumer_config(bootstrap, group, security=security,
+                             extra={"logger": QUIET_LOGGER, "allow.auto.create.topics": False})
     try:
         consumer = confluent_kafka.Consumer(config)
     except confluent_kafka.KafkaException as exc:
@@ -219,8 +225,9 @@ class VersionFollower:
     def __init__(self, bootstrap: str, topic: str = POLICY_VERSIONS, *,
                  on_change: Callable[[PolicyVersion], object] | None = None, poll_s: float = 0.2,
                  report_as: str | None = None, on_fresh: Callable[[float], object] | None = None,
-                 heartbeat_s: float = DEFAULT_HEARTBEAT_S, lease_s: float = DEFAULT_LEASE_S) -> None:
-        self.bootstrap, self.topic = bootstrap, topic
+                 heartbeat_s: float = DEFAULT_HEARTBEAT_S, lease_s: float = DEFAULT_LEASE_S,
+                 security: KafkaSecurity | None = None) -> None:
+        self.bootstrap, self.topic, self.security = bootstrap, topic, security
         self.book = VersionBook()
         self.skipped = 0  # records that could not be decoded
         self._callbacks = [on_change] if on_change is not None else []
@@ -255,7 +262,8 @@ class VersionFollower:
         With ``report_as``, a missing reports topic is logged and the follower runs without reporting
         (``reporting`` False): an announcer waiting for confirmations fails naming `tokentrail topics`.
         """
-        consumer, self._ends = _open_from_start(self.bootstrap, self.topic, "tokentrail-versions-follower")
+        consumer, self._ends = _open_from_start(self.bootstrap, self.topic, "tokentrail-versions-follower",
+                                                security=self.security)
         self._consumer = consumer
         self._partitions = [tp.partition for tp in consumer.assignment()]
         if self.report_as is not None:
@@ -278,7 +286,7 @@ class VersionFollower:
                         "interceptor; create the topic with `tokentrail topics`", self.reports_topic, why)
             return
         self._producer = confluent_kafka.Producer(producer_config(
-            self.bootstrap, linger_ms=0, extra={"logger": QUIET_LOGGER, "allow.auto.create.topics": False}))
+            self.bootstrap, linger_ms=0, security=self.security, extra={"logger": QUIET_LOGGER, "allow.auto.create.topics": False}))
 
     def applied(self, step: int | None, label: str | None) -> None:
         """The owner's clock applied ``step`` (``label``): report it now. Thread-safe, never blocks."""
