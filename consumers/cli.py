@@ -20,6 +20,7 @@ import sys
 from pydantic import ValidationError
 
 from consumers.rebuild.rules import DELIVERY_MODES
+from schemas.kafka.security import add_kafka_config_option
 from schemas.kafka.topics import add_topic_options
 
 EXIT_TOPICS_UNAVAILABLE = 4
@@ -55,6 +56,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fetch-wait-ms", type=int, default=None, metavar="MS",
                         help="longest fetch long-poll at the broker (default: ConsumerSettings.fetch_wait_ms)")
     add_topic_options(parser)
+    add_kafka_config_option(parser)
     parser.add_argument("--log-level", default="WARNING")
 
 
@@ -83,7 +85,7 @@ def main(args: argparse.Namespace) -> int:
                                     sink_kwargs=kwargs, project_response=not args.no_response, rules=rules,
                                     max_mask_fraction=args.max_mask_fraction,
                                     mask_fraction_min_samples=args.mask_fraction_min_samples, topics=topics,
-                                    topic_wait_s=args.topic_wait, max_staleness=getattr(args, "max_staleness", None),
+                                    topic_wait_s=args.topic_wait, kafka=args.kafka_config, max_staleness=getattr(args, "max_staleness", None),
                                     stale_action=getattr(args, "stale_action", "mask"),
                                     metrics_port=getattr(args, "metrics_port", None),
                                     metrics_host=getattr(args, "metrics_host", "127.0.0.1"),
@@ -95,7 +97,10 @@ def main(args: argparse.Namespace) -> int:
     from consumers.sinks.plugin import load_sink
 
     try:
-        sink = load_sink(settings.sink, settings.sink_kwargs)
+        kwargs = dict(settings.sink_kwargs)
+        if settings.sink in KAFKA_SINK_TOPICS and kwargs.get("bootstrap") == settings.bootstrap:
+            kwargs.setdefault("security", settings.kafka)  # the built-in Kafka sinks write to this cluster
+        sink = load_sink(settings.sink, kwargs)
     except ConfigError as exc:
         print(f"tokentrail consume: {exc}", file=sys.stderr)
         return 2

@@ -108,7 +108,7 @@ def check_topics(settings: ConsumerSettings, *, admin: Any = None) -> None:
     ``admin`` replaces the confluent-kafka AdminClient (tests).
     """
     if admin is None:
-        admin = admin_client(settings.bootstrap)  # quiet: the outcome reaches the caller, not librdkafka's log
+        admin = admin_client(settings.bootstrap, security=settings.kafka)  # quiet: the outcome reaches the caller, not librdkafka's log
     wait_for_topics(admin, required_topics(settings), bootstrap=settings.bootstrap, names=settings.topics,
                     timeout=settings.topic_wait_s)
 
@@ -152,12 +152,13 @@ class RebuildConsumer:
         self._consumer = kafka_consumer or self._subscribe()
         # Retires and dead letters are each waited for alone (produce_sync): nothing to batch, so no linger.
         self._producer = (AckedProducer(client=kafka_producer) if kafka_producer is not None
-                          else AckedProducer(producer_config(settings.bootstrap, linger_ms=0)))
+                          else AckedProducer(producer_config(settings.bootstrap, linger_ms=0, security=settings.kafka)))
 
     def _subscribe(self) -> Any:
         consumer = confluent_kafka.Consumer(consumer_config(self.settings.bootstrap, self.settings.group_id,
                                                             session_timeout_ms=self.settings.session_timeout_ms,
-                                                            fetch_wait_ms=self.settings.fetch_wait_ms))
+                                                            fetch_wait_ms=self.settings.fetch_wait_ms,
+                                                            security=self.settings.kafka))
         consumer.subscribe([self.settings.topics.snapshots], on_revoke=self._on_revoke, on_lost=self._on_revoke)
         return consumer
 

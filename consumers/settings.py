@@ -4,20 +4,36 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from consumers.rebuild.rules import RebuildRules
 from schemas.errors import ConfigError
 from schemas.kafka.config import DEFAULT_FETCH_WAIT_MS
+from schemas.kafka.security import KafkaSecurity, kafka_security_of
 from schemas.kafka.topics import DEFAULT_TOPIC_WAIT_S, TopicNames, check_bootstrap
 
 Bootstrap = Annotated[str, AfterValidator(check_bootstrap)]
+# The process's Kafka security (schemas.kafka.security): a client config file path, parsed once, validated here.
+KafkaClient = Annotated[KafkaSecurity, PlainValidator(kafka_security_of), PlainSerializer(KafkaSecurity.describe),
+                        WithJsonSchema({"type": "string", "description": "client config file (--kafka-config)"})]
 
 
 class ConsumerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     bootstrap: Bootstrap
+    kafka: KafkaClient = Field(KafkaSecurity(), description="TLS / SASL of every Kafka client of the process: "
+                               "--kafka-config FILE or env TOKENTRAIL_KAFKA_CONFIG (schemas.kafka.security)")
     group_id: str = "tokentrail-consumer"
     topics: TopicNames = TopicNames()
     sink: str = Field("jsonl", description="'jsonl', 'kafka' or module:Class of a TrainerSink")

@@ -55,10 +55,10 @@ class StalenessGate:
 
         settings = self.settings
         topic = settings.topics.policy_versions
-        if settings.max_staleness is None and not _topic_exists(settings.bootstrap, topic):
+        if settings.max_staleness is None and not _topic_exists(settings.bootstrap, topic, security=settings.kafka):
             log.info("no topic %s: policy staleness is not reported", topic)
             return
-        follower = VersionFollower(settings.bootstrap, topic)
+        follower = VersionFollower(settings.bootstrap, topic, security=settings.kafka)
         try:
             follower.start()
         except TransportError as exc:
@@ -109,9 +109,9 @@ class StalenessGate:
             self._follower = None
 
 
-def _topic_exists(bootstrap: str, topic: str, timeout: float = 5.0) -> bool:
+def _topic_exists(bootstrap: str, topic: str, timeout: float = 5.0, *, security: Any = None) -> bool:
     """Whether ``topic`` exists (metadata of all topics: never auto-creates one); False when no broker answers."""
     try:
-        return topic in admin_client(bootstrap).list_topics(timeout=timeout).topics
+        return topic in admin_client(bootstrap, security=security).list_topics(timeout=timeout).topics
     except Exception:  # the client's own error type, or no broker: nothing to follow
         return False

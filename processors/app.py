@@ -66,6 +66,7 @@ from processors.fold_loop import FoldLoop
 from processors.guard import OffsetGuard
 from processors.intake import Intake
 from processors.settings import ProcessorSettings
+from schemas.kafka.security import KafkaSecurity
 from schemas.kafka.topics import MAX_MESSAGE_BYTES, wait_for_topics
 
 log = logging.getLogger("tokentrail.processor")
@@ -137,6 +138,7 @@ def create_app(settings: ProcessorSettings) -> ProcessorApp:
         producer_linger=settings.producer_linger_s,
         producer_max_batch_size=settings.producer_max_batch_bytes,
         Table=DirectChangelogTable,
+        broker_credentials=faust_credentials(settings.kafka),
     )
     app.fetch_wait_ms = settings.fetch_wait_ms
     raw: dict[str, Any] = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
@@ -177,6 +179,20 @@ def create_app(settings: ProcessorSettings) -> ProcessorApp:
     return app
 
 
+def faust_credentials(security: KafkaSecurity) -> faust.types.auth.CredentialsT | None:
+    """Faust's credentials for ``security``, from its aiokafka translation (``KafkaSecurity.aiokafka_auth``).
+
+    KafkaConfigError for what aiokafka cannot do (OAUTHBEARER) or TLS files that do not load.
+    """
+    auth = security.aiokafka_auth()
+    if not security.secured:
+        return None
+    if not security.sasl:
+        return faust.SSLCredentials(auth["ssl_context"])
+    return faust.SASLCredentials(username=auth["sasl_plain_username"], password=auth["sasl_plain_password"],
+                                 ssl_context=auth.get("ssl_context"), mechanism=auth["sasl_mechanism"])
+
+
 async def _fold_batches(intake: Intake, loop: FoldLoop) -> None:
     """Fold what the intake's drain loop fetched, batch after batch."""
     while True:
@@ -197,7 +213,7 @@ def check_topics(settings: ProcessorSettings, *, admin: Any = None) -> None:
         # Imported here: the Faust worker needs confluent_kafka only for this startup check.
         from schemas.kafka.bridge import admin_client
 
-        admin = admin_client(settings.bootstrap)  # quiet: the outcome reaches the caller, not librdkafka's log
+        admin = admin_client(settings.bootstrap, security=settings.kafka)  # quiet: the outcome reaches the caller, not librdkafka's log
     wait_for_topics(admin, required_topics(settings), bootstrap=settings.bootstrap, names=settings.topics,
                     timeout=settings.topic_wait_s, partitions=settings.partitions)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from schemas.kafka.security import add_kafka_config_option
 from schemas.kafka.topics import add_topic_options
 
 EXIT_TOPICS_UNAVAILABLE = 4
@@ -35,6 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fetch-wait-ms", type=int, default=None, metavar="MS",
                         help="longest fetch long-poll at the broker (default: ProcessorSettings.fetch_wait_ms)")
     add_topic_options(parser)
+    add_kafka_config_option(parser)
     parser.add_argument("--log-level", default="WARNING")
 
 
@@ -46,18 +48,24 @@ def main(args: argparse.Namespace) -> int:
         settings = ProcessorSettings(bootstrap=args.bootstrap, data_dir=args.data_dir, app_id=args.app_id,
                                      partitions=args.partitions, topics=topic_names(args.topic_prefix),
                                      hole_check_interval_s=args.hole_check_interval,
-                                     topic_wait_s=args.topic_wait,
+                                     topic_wait_s=args.topic_wait, kafka=args.kafka_config,
                                      **({} if args.fetch_wait_ms is None else {"fetch_wait_ms": args.fetch_wait_ms}))
     except ValidationError as exc:
         print(f"tokentrail process: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    from processors.app import check_topics, claim_local_state, create_app, release_local_state
+    from processors.app import check_topics, claim_local_state, create_app, faust_credentials, release_local_state
+    from schemas.kafka.bridge import KafkaAuthFailed
+    from schemas.kafka.security import KafkaConfigError
     from schemas.kafka.topics import TopicsUnavailable
 
     try:
+        faust_credentials(settings.kafka)  # what aiokafka cannot do is refused before any I/O
         check_topics(settings)
-    except TopicsUnavailable as exc:
+    except KafkaConfigError as exc:
+        print(f"tokentrail process: {exc}", file=sys.stderr)
+        return 2
+    except (TopicsUnavailable, KafkaAuthFailed) as exc:
         print(f"tokentrail process: {exc}", file=sys.stderr)
         return EXIT_TOPICS_UNAVAILABLE
     settings.data_dir.mkdir(parents=True, exist_ok=True)

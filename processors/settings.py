@@ -5,12 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, WithJsonSchema
 
 from schemas.kafka.config import DEFAULT_FETCH_WAIT_MS
+from schemas.kafka.security import KafkaSecurity, kafka_security_of
 from schemas.kafka.topics import DEFAULT_PARTITIONS, DEFAULT_TOPIC_WAIT_S, TopicNames, check_bootstrap
 
 Bootstrap = Annotated[str, AfterValidator(check_bootstrap)]
+# The process's Kafka security (schemas.kafka.security): a client config file path, parsed once, validated here.
+KafkaClient = Annotated[KafkaSecurity, PlainValidator(kafka_security_of), PlainSerializer(KafkaSecurity.describe),
+                        WithJsonSchema({"type": "string", "description": "client config file (--kafka-config)"})]
 
 
 class RocksDBMemory(BaseModel):
@@ -31,6 +35,8 @@ class ProcessorSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     bootstrap: Bootstrap
+    kafka: KafkaClient = Field(KafkaSecurity(), description="TLS / SASL of every Kafka client of the process: "
+                               "--kafka-config FILE or env TOKENTRAIL_KAFKA_CONFIG (schemas.kafka.security)")
     data_dir: Path = Field(Path(".tokentrail/processor"), description="Per-worker RocksDB directory (one per process)")
     app_id: str = Field("tokentrail-processor", description="Consumer group id and changelog topic prefix")
     partitions: int = Field(DEFAULT_PARTITIONS, ge=1)

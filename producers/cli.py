@@ -16,6 +16,8 @@ from collections.abc import Mapping
 
 from pydantic import ValidationError
 
+from schemas.kafka.security import add_kafka_config_option
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--upstream", required=True, help="OpenAI-compatible model server URL")
@@ -23,6 +25,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--topic-prefix", default="", help="prefix of every topic name (isolation)")
+    add_kafka_config_option(parser)
     parser.add_argument("--upstream-model",
                         help="model name always sent to the engine (default: the harness's name when the engine "
                              "serves it, else the engine's served model, learnt from GET /v1/models)")
@@ -81,6 +84,7 @@ def main(args: argparse.Namespace) -> int:
         settings = InterceptorSettings(
             upstream_url=args.upstream,
             bootstrap=args.bootstrap,
+            kafka=args.kafka_config,
             host=args.host,
             port=args.port,
             sampling_overrides=json.loads(args.sampling),

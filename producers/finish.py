@@ -29,6 +29,7 @@ from schemas.errors import ContractError
 from schemas.ids import validate_rollout_id
 from schemas.kafka.bridge import AckedProducer
 from schemas.kafka.config import producer_config
+from schemas.kafka.security import KafkaSecurity
 from schemas.kafka.topics import ROLLOUT_EVENTS, key_for
 from schemas.records import RolloutFinished
 
@@ -70,13 +71,14 @@ async def finish_rollout(
     attempt: int = 0,
     topic: str = ROLLOUT_EVENTS,
     publisher: AckedProducer | None = None,
+    security: KafkaSecurity | None = None,
 ) -> str:
     """Publish RolloutFinished; return its event id once acknowledged."""
     validate_rollout_id(rollout_id)
     body = finished_event_body(result, final_response_id=final_response_id, final_text=final_text, attempt=attempt)
     event = make_event(rollout_id, body, f"finish:{default_source()}")
     own = publisher is None
-    pub = publisher or AckedProducer(producer_config(bootstrap), name="tokentrail-finish")
+    pub = publisher or AckedProducer(producer_config(bootstrap, security=security), name="tokentrail-finish")
     try:
         await pub.produce(topic, key_for(rollout_id), encode_event(event))
     finally:

@@ -7,6 +7,8 @@ import asyncio
 import json
 import sys
 
+from schemas.kafka.security import add_kafka_config_option
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
@@ -16,11 +18,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--final-text", help="the harness's final answer text")
     parser.add_argument("--attempt", type=int, default=0, help="retry number of the rollout, 0..2147483647")
     parser.add_argument("--topic-prefix", default="", help="prefix of every topic name (isolation)")
+    add_kafka_config_option(parser)
 
 
 def main(args: argparse.Namespace) -> int:
     from producers.finish import finish_rollout
     from schemas.errors import TokentrailError
+    from schemas.kafka.security import security_of_args
     from schemas.kafka.topics import topic_names
 
     try:
@@ -31,7 +35,8 @@ def main(args: argparse.Namespace) -> int:
         event_id = asyncio.run(finish_rollout(args.bootstrap, args.rollout, result,
                                               final_response_id=args.final_response_id,
                                               final_text=args.final_text, attempt=args.attempt,
-                                              topic=topic_names(args.topic_prefix).rollout_events))
+                                              topic=topic_names(args.topic_prefix).rollout_events,
+                                              security=security_of_args(args)))
     except (ValueError, TokentrailError) as exc:
         print(f"tokentrail finish: {exc}", file=sys.stderr)
         return 2

@@ -45,6 +45,7 @@ def _json(raw: str) -> Any:
 # An unset or empty variable leaves the field at its default.
 ENV_SETTINGS: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("TOKENTRAIL_BOOTSTRAP", "bootstrap", str),  # required
+    ("TOKENTRAIL_KAFKA_CONFIG", "kafka", str),  # Kafka client config file: TLS, SASL (schemas.kafka.security)
     ("TOKENTRAIL_SPOOL_DIR", "spool_dir", str),  # parent of the per-process spools
     ("TOKENTRAIL_CONTROL_TOKEN", "control_token", str),
     ("TOKENTRAIL_SAMPLING", "sampling_overrides", _json),  # JSON object

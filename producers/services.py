@@ -133,7 +133,7 @@ def open_services(settings: InterceptorSettings, publisher: AckedProducer, upstr
                   metrics: InterceptorMetrics, source: str, catalog: EngineCatalog) -> CaptureServices:
     """Claim the spool (DurabilityError when another live process holds it), build the core, start the writer."""
     spool = Spool(settings.spool_dir) if settings.spool_dir is not None else None
-    writer = DurableWriter(publisher, spool, bootstrap=settings.bootstrap, on_depth=metrics.spool_depth.set)
+    writer = DurableWriter(publisher, spool, bootstrap=settings.bootstrap, security=settings.kafka, on_depth=metrics.spool_depth.set)
     index = LineageIndex(max_rollouts=settings.index_max_rollouts, max_tokens=settings.index_max_tokens,
                          keep_tokens=settings.prefix_supply)
     core = CaptureCore(settings, writer, index, metrics, source, catalog)

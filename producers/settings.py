@@ -9,13 +9,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    SecretStr,
+    WithJsonSchema,
+    field_validator,
+)
 
 from schemas.errors import ConfigError
+from schemas.kafka.security import KafkaSecurity, kafka_security_of
 from schemas.kafka.topics import TopicNames, check_bootstrap
 from schemas.rollout_tokens import check_secret
 
 Bootstrap = Annotated[str, AfterValidator(check_bootstrap)]
+# The process's Kafka security (schemas.kafka.security): a client config file path, parsed once, validated here.
+KafkaClient = Annotated[KafkaSecurity, PlainValidator(kafka_security_of), PlainSerializer(KafkaSecurity.describe),
+                        WithJsonSchema({"type": "string", "description": "client config file (--kafka-config)"})]
 
 
 class InterceptorSettings(BaseModel):
@@ -24,6 +38,8 @@ class InterceptorSettings(BaseModel):
 
     upstream_url: str = Field(description="OpenAI-compatible model server, e.g. http://127.0.0.1:8000")
     bootstrap: Bootstrap = Field(description="Kafka bootstrap servers, host:port[,host:port]")
+    kafka: KafkaClient = Field(KafkaSecurity(), description="TLS / SASL of every Kafka client of the process: "
+                               "--kafka-config FILE or env TOKENTRAIL_KAFKA_CONFIG (schemas.kafka.security)")
     host: str = "127.0.0.1"
     port: int = 8080
     topics: TopicNames = TopicNames()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from schemas.kafka.security import KafkaConfigError, add_kafka_config_option, security_of_args
 from schemas.kafka.topics import DEFAULT_PARTITIONS, add_topic_options, topic_names
 
 
@@ -18,6 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=30.0,
                         help="seconds to wait for the broker to answer (default 30)")
     add_topic_options(parser, wait=False)
+    add_kafka_config_option(parser)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -25,8 +27,8 @@ def main(args: argparse.Namespace) -> int:
 
     names = topic_names(args.topic_prefix)
     try:
-        ensure_topics(args.bootstrap, names, args.partitions, timeout=args.timeout)
-    except TopicError as exc:
+        ensure_topics(args.bootstrap, names, args.partitions, timeout=args.timeout, security=security_of_args(args))
+    except (TopicError, KafkaConfigError) as exc:
         print(f"tokentrail topics: {exc}", file=sys.stderr)
         return 1
     for name in names.all():

@@ -19,6 +19,7 @@ import os
 import sys
 import urllib.parse
 
+from schemas.kafka.security import add_kafka_config_option
 from schemas.kafka.topics import add_topic_options
 
 EXIT_INVALID, EXIT_TRANSPORT = 2, 3
@@ -47,16 +48,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     for sp in (announce, show):
         sp.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
         add_topic_options(sp, wait=False)
+        add_kafka_config_option(sp)
 
 
 def main(args: argparse.Namespace) -> int:
-    from schemas.errors import ContractError, TransportError
+    from schemas.errors import ConfigError, ContractError, TransportError
+    from schemas.kafka.security import security_of_args
     from schemas.kafka.topics import check_bootstrap, topic_names
     from schemas.policy_versions import PolicyVersion
 
     topic = topic_names(args.topic_prefix).policy_versions
     try:
         check_bootstrap(args.bootstrap)
+        args.security = security_of_args(args)  # parsed once, before any I/O
         if args.action == "announce":
             PolicyVersion(label=args.label, step=args.step)  # validated before any I/O
             _check_engine(args.engine)
@@ -65,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
                                  "(--no-confirm to not wait)")
             if args.min_followers < 0:
                 raise ValueError(f"--min-followers={args.min_followers}: must be >= 0")
-    except (ValueError, ContractError) as exc:
+    except (ValueError, ContractError, ConfigError) as exc:
         print(f"tokentrail versions: invalid arguments: {exc}", file=sys.stderr)
         return EXIT_INVALID
     try:
@@ -84,11 +88,11 @@ def _announce(args: argparse.Namespace, topic: str) -> int:
     if args.engine:  # the engine first: the topic never names a version the engine refused
         set_version(args.engine, args.label, api_key=args.engine_api_key)
     announcement = announce_version(args.bootstrap, args.label, args.step, topic=topic, weights=args.weights,
-                                    confirm=False)
+                                    confirm=False, security=args.security)
     confirmed = None
     if not args.no_confirm:  # every live interceptor applied it: the engine may resume
         confirmed = wait_applied(args.bootstrap, args.label, args.step, topic=topic, timeout_s=args.confirm_timeout,
-                                 min_followers=args.min_followers)
+                                 min_followers=args.min_followers, security=args.security)
     print(json.dumps({"label": announcement.label, "step": announcement.step, "topic": topic,
                       "engine": args.engine or None, "confirmed_by": confirmed}))
     return 0
@@ -103,7 +107,7 @@ def _check_engine(url: str | None) -> None:
 def _show(args: argparse.Namespace, topic: str) -> int:
     from schemas.kafka.versions import VersionFollower
 
-    follower = VersionFollower(args.bootstrap, topic).start()
+    follower = VersionFollower(args.bootstrap, topic, security=args.security).start()
     try:
         if not follower.wait_caught_up(30):
             print(f"tokentrail versions: {topic} not read to its end within 30 s", file=sys.stderr)

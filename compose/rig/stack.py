@@ -50,6 +50,9 @@ class LocalStack:
     # How long the fold workers and consumers wait at start for the broker (--topic-wait). The product's 10 s
     # fails fast on a wrong address; on a loaded 2-core VM the rig's own broker was seen silent for longer.
     topic_wait_s: float = 60.0
+    # A secured broker: role -> its client config file (--kafka-config), for the roles "admin" (creates the
+    # topics, reads positions), "interceptor", "processor" and "consumer"; empty: PLAINTEXT.
+    kafka_configs: dict[str, Path] = field(default_factory=dict)
     services: dict[str, Service] = field(default_factory=dict)
 
     @property
@@ -63,7 +66,7 @@ class LocalStack:
     # -- lifecycle --------------------------------------------------------------
     def start(self) -> LocalStack:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        ensure_topics(self.bootstrap, self.topics, self.partitions)
+        ensure_topics(self.bootstrap, self.topics, self.partitions, security=self._security("admin"))
         try:
             if self.upstream_url is None:
                 policy = self._spawn("policy", "policy", "--port", "0", *self.policy_args, env=self.policy_env)
@@ -84,7 +87,8 @@ class LocalStack:
         """Spawn an interceptor called ``name`` in front of the engine; returns once it answers /healthz."""
         (port,) = pick_free_ports(1)
         service = self._spawn(name, "intercept", "--upstream", self.policy_url, "--bootstrap", self.bootstrap,
-                              "--port", str(port), "--topic-prefix", self.topic_prefix, *self.intercept_args,
+                              "--port", str(port), "--topic-prefix", self.topic_prefix,
+                              *self._kafka_config_args("interceptor"), *self.intercept_args,
                               env={"TOKENTRAIL_CONTROL_TOKEN": self.control_token,
                                    **({"TOKENTRAIL_ROLLOUT_SECRET": self.rollout_secret}
                                       if self.rollout_secret else {})})
@@ -100,7 +104,7 @@ class LocalStack:
         service = self._spawn(name, "process", "--bootstrap", self.bootstrap, "--data-dir", str(self.run_dir / name),
                               "--app-id", self.processor_id, "--partitions", str(self.partitions),
                               "--topic-prefix", self.topic_prefix, "--topic-wait", str(self.topic_wait_s),
-                              "--log-level", "INFO")
+                              *self._kafka_config_args("processor"), "--log-level", "INFO")
         if wait:
             service.wait_line("Worker ready", timeout=90)
         return service
@@ -116,7 +120,7 @@ class LocalStack:
         return self._spawn(name, "consume", "--bootstrap", self.bootstrap, *sink,
                            "--group-id", group_id or f"{self.processor_id}-consumer",
                            "--topic-prefix", self.topic_prefix, "--topic-wait", str(self.topic_wait_s),
-                           *self.consumer_args)
+                           *self._kafka_config_args("consumer"), *self.consumer_args)
 
     def wait_log(self, name: str, needle: str, timeout: float = 90.0) -> str:
         """Wait until the service ``name`` logged a line containing ``needle``; that line."""
@@ -226,7 +230,8 @@ class LocalStack:
         out: dict[str, dict[int, tuple[int, int]]] = {}
         for topic, group in ((self.topics.rollout_events, self.processor_id),
                              (self.topics.snapshots, f"{self.processor_id}-consumer")):
-            client = confluent_kafka.Consumer(consumer_config(self.bootstrap, group))  # never joins: reads only
+            client = confluent_kafka.Consumer(consumer_config(self.bootstrap, group,  # never joins: reads only
+                                                              security=self._security("admin")))
             try:
                 parts = [confluent_kafka.TopicPartition(topic, p) for p in range(self.partitions)]
                 committed = {tp.partition: tp.offset for tp in client.committed(parts, timeout=10)}
@@ -287,6 +292,16 @@ class LocalStack:
     def exited(self) -> dict[str, int]:
         """The services whose process has exited, with their return codes (-9: SIGKILL)."""
         return {n: s.proc.returncode for n, s in self.services.items() if s.proc.poll() is not None}
+
+    def _kafka_config_args(self, role: str) -> tuple[str, ...]:
+        path = self.kafka_configs.get(role)
+        return ("--kafka-config", str(path)) if path is not None else ()
+
+    def _security(self, role: str) -> Any:
+        from schemas.kafka.security import load_kafka_config
+
+        path = self.kafka_configs.get(role)
+        return load_kafka_config(path) if path is not None else None
 
     def _url_of(self, interceptor: str | None) -> str:
         return self.interceptor_url if interceptor is None else str(self._service(interceptor).url)

@@ -39,6 +39,9 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
+
+from schemas.kafka.security import add_kafka_config_option
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +63,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="mask rollouts more than K policy versions behind at freeze (as `consume "
                              "--max-staleness K`; needs the policy-versions topic)")
     parser.add_argument("--topic-prefix", default="", help="prefix of every topic name")
+    add_kafka_config_option(parser)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -74,6 +78,9 @@ def main(args: argparse.Namespace) -> int:
         print("tokentrail replay: give --rollout ID (repeatable) or --summary", file=sys.stderr)
         return 2
     try:
+        from schemas.kafka.security import security_of_args
+
+        args.security = security_of_args(args)  # parsed once; every reader below uses it
         since, until = parse_bound(args.since), parse_bound(args.until)
         new_rules = None
         if args.rules is not None:
@@ -105,7 +112,7 @@ def _rollouts(args, since, until, rules, new_rules) -> int:
 
     names = topic_names(args.topic_prefix)
     judge = _staleness_judge(args, names)
-    log = EventLog(args.bootstrap, names.rollout_events)
+    log = EventLog(args.bootstrap, names.rollout_events, security=args.security)
     documents = []
     try:
         for rollout_id in args.rollout:
@@ -154,7 +161,8 @@ def _staleness_judge(args, names):
     from consumers.replay.summary import VersionHistory
 
     max_staleness = _max_staleness(args)
-    announcements = read_announcements(args.bootstrap, names.policy_versions, required=max_staleness is not None)
+    announcements = read_announcements(args.bootstrap, names.policy_versions, required=max_staleness is not None,
+                                       security=args.security)
     if not announcements:
         return lambda snapshot, rollout: rollout
     history = VersionHistory(announcements)  # frozen_at is in microseconds, announced_at in seconds
@@ -182,8 +190,9 @@ def _summary(args, since, until, rules) -> int:
     max_staleness = _max_staleness(args)
     lookback_s = parse_duration(args.lookback, name="--lookback")
     names = topic_names(args.topic_prefix)
-    announcements = read_announcements(args.bootstrap, names.policy_versions, required=max_staleness is not None)
-    log = EventLog(args.bootstrap, names.rollout_events)
+    announcements = read_announcements(args.bootstrap, names.policy_versions, required=max_staleness is not None,
+                                       security=args.security)
+    log = EventLog(args.bootstrap, names.rollout_events, security=args.security)
     try:
         data = summarize(log, since_ms=since.time_ms, until_ms=until.time_ms,
                          lookback_ms=int(lookback_s * 1000), rules=rules, announcements=announcements,
@@ -198,7 +207,8 @@ def _summary(args, since, until, rules) -> int:
     return 0
 
 
-def read_announcements(bootstrap: str, topic: str, *, required: bool, timeout_s: float = 30.0) -> list:
+def read_announcements(bootstrap: str, topic: str, *, required: bool, timeout_s: float = 30.0,
+                       security: Any = None) -> list:
     """Every announcement on the policy-versions ``topic`` (its compacted state), oldest offset first.
 
     An absent topic is no announcement, unless ``required`` (``--max-staleness``): then a
@@ -215,7 +225,7 @@ def read_announcements(bootstrap: str, topic: str, *, required: bool, timeout_s:
             seen.append(announcement)
             return super().apply(announcement)
 
-    follower = VersionFollower(bootstrap, topic)
+    follower = VersionFollower(bootstrap, topic, security=security)
     follower.book = _Recording()
     try:
         follower.start()

@@ -23,6 +23,7 @@ from typing import Any
 from schemas.codec import decode_event
 from schemas.kafka.partitioning import partition_for
 from schemas.kafka.scan import TopicReader
+from schemas.kafka.security import KafkaSecurity
 from schemas.kafka.topics import ROLLOUT_EVENTS, key_for
 from schemas.records import RolloutEvent
 
@@ -45,11 +46,11 @@ class EventLog:
     """Reads rollouts' events from the rollout-events topic; one instance per thread."""
 
     def __init__(self, bootstrap: str, topic: str = ROLLOUT_EVENTS, *, timeout_s: float = 30.0,
-                 config: dict[str, Any] | None = None) -> None:
+                 config: dict[str, Any] | None = None, security: KafkaSecurity | None = None) -> None:
         self.topic = topic
         self.timeout_s = timeout_s
         self._partitions: int | None = None
-        self._reader = TopicReader(bootstrap, timeout_s=timeout_s, config=config)
+        self._reader = TopicReader(bootstrap, timeout_s=timeout_s, config=config, security=security)
 
     def partitions(self) -> int:
         """The topic's partition count (read once)."""

@@ -34,6 +34,7 @@ from schemas.errors import TransportError
 from schemas.kafka.bridge import AckedProducer
 from schemas.kafka.config import producer_config
 from schemas.kafka.framing import value_limit
+from schemas.kafka.security import KafkaSecurity
 from schemas.kafka.topics import MAX_MESSAGE_BYTES, REBUILT, key_for
 from schemas.records import MaskCode, MaskReason, RebuiltRollout
 
@@ -47,7 +48,8 @@ class KafkaSink:
 
     def __init__(self, bootstrap: str, topic: str = REBUILT, include_response: bool = True,
                  max_in_flight: int = 16, delivery_timeout_s: float = 30.0,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 security: KafkaSecurity | None = None) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight={max_in_flight}: must be >= 1")
         self.topic = topic
@@ -60,7 +62,7 @@ class KafkaSink:
         self.records_shrunk = 0
         self._recent: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._producer = AckedProducer(producer_config(bootstrap, delivery_timeout_ms=int(delivery_timeout_s * 1000),
-                                                       max_message_bytes=max_message_bytes))
+                                                       max_message_bytes=max_message_bytes, security=security))
 
     async def deliver(self, rollout: RebuiltRollout) -> None:
         identity = (rollout.snapshot_id, rollout.version)

@@ -67,6 +67,7 @@ from schemas.errors import TransportError
 from schemas.kafka.bridge import AckedProducer
 from schemas.kafka.config import producer_config
 from schemas.kafka.framing import value_limit
+from schemas.kafka.security import KafkaSecurity
 from schemas.kafka.topics import MAX_MESSAGE_BYTES, REBUILT_GROUPS, key_for
 from schemas.records import MaskCode, MaskReason, RebuiltRollout
 
@@ -116,7 +117,8 @@ class GroupedKafkaSink:
                  group_size: GroupSize = "group_size", reward: RewardOf = "reward",
                  group_timeout_s: float | None = None, on_timeout: OnTimeout = "emit",
                  include_response: bool = True, max_in_flight: int = 1024, delivery_timeout_s: float = 30.0,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES, clock: Callable[[], float] = time.monotonic) -> None:
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, clock: Callable[[], float] = time.monotonic,
+                 security: KafkaSecurity | None = None) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight={max_in_flight}: must be >= 1")
         if value_limit(max_message_bytes) <= 0:
@@ -139,7 +141,7 @@ class GroupedKafkaSink:
         self._timer: asyncio.Task[None] | None = None
         self._failed: BaseException | None = None
         self._producer = AckedProducer(producer_config(bootstrap, delivery_timeout_ms=int(delivery_timeout_s * 1000),
-                                                       max_message_bytes=max_message_bytes))
+                                                       max_message_bytes=max_message_bytes, security=security))
 
     @property
     def open_groups(self) -> int:

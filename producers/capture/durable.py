@@ -24,6 +24,7 @@ from schemas.codec import event_id_of
 from schemas.errors import DurabilityError, TransportError
 from schemas.kafka.bridge import AckedProducer, PublishFailed
 from schemas.kafka.scan import TopicReader
+from schemas.kafka.security import KafkaSecurity
 
 log = logging.getLogger("tokentrail.interceptor")
 
@@ -40,11 +41,13 @@ class DurableWriter:
         spool: Spool | None,
         *,
         bootstrap: str,
+        security: KafkaSecurity | None = None,
         on_depth: Callable[[int], None] = lambda depth: None,
     ) -> None:
         self._producer = producer
         self._spool = spool
         self._bootstrap = bootstrap
+        self._security = security
         self._on_depth = on_depth
         self._lock = asyncio.Lock()
         self._drainer: asyncio.Task | None = None
@@ -128,7 +131,7 @@ class DurableWriter:
 
     def _present_event_ids(self, topic: str) -> set[str]:
         """Event ids on ``topic`` written since the first uncertain record (minus a margin)."""
-        reader = TopicReader(self._bootstrap, timeout_s=_PRESENCE_TIMEOUT_S)
+        reader = TopicReader(self._bootstrap, timeout_s=_PRESENCE_TIMEOUT_S, security=self._security)
         try:
             present: set[str] = set()
             for msg in reader.read_topic(topic, from_time_ms=self._uncertain_since_ms or 0):

@@ -55,7 +55,8 @@ async def follow(settings: InterceptorSettings, clock: VersionClock) -> Any:
 
     follower = VersionFollower(settings.bootstrap, settings.topics.policy_versions, report_as=instance_id(settings),
                                on_change=lambda pv: loop.call_soon_threadsafe(apply, pv),
-                               on_fresh=lambda until: loop.call_soon_threadsafe(lease.renew, until))
+                               on_fresh=lambda until: loop.call_soon_threadsafe(lease.renew, until),
+                               security=settings.kafka)
     try:
         await asyncio.to_thread(follower.start)
     except TransportError as exc:

@@ -146,6 +146,10 @@ class Interceptor:
         publisher or client created by a failed try is kept for the next.
         """
         s = self.settings
+        if s.kafka.secured:  # refused credentials stop the start; an unreachable broker does not (the spool)
+            from schemas.kafka.bridge import check_credentials
+
+            await asyncio.to_thread(check_credentials, s.bootstrap, s.kafka, timeout_s=10.0)
         catalog = EngineCatalog()
         if s.prefix_supply:
             injected = self._upstream is not None
@@ -159,7 +163,8 @@ class Interceptor:
                 raise
         if self._publisher is None:
             self._publisher = AckedProducer(
-                producer_config(s.bootstrap, linger_ms=s.linger_ms, delivery_timeout_ms=s.publish_timeout_ms),
+                producer_config(s.bootstrap, linger_ms=s.linger_ms, delivery_timeout_ms=s.publish_timeout_ms,
+                                security=s.kafka),
                 name="kafka-publisher-poll")
         if self._upstream is None:
             self._upstream = engine_client(s)
