@@ -56,6 +56,7 @@ class BrokerInfo:
     started_at: float
     reused: bool = False
     startup_s: float | None = None  # launch to ready; None when reused or read back
+    kafka_config: str | None = None  # secured (--secure): the admin's client config file; None: PLAINTEXT
 
 
 def default_state_dir() -> Path:
@@ -227,33 +228,38 @@ def _is_broker_process(pid: int) -> bool:
     return state != "Z" and _BROKER_MAIN.encode() in cmdline
 
 
-def _probe_client(bootstrap: str):
+def _probe_client(bootstrap: str, kafka_config: str | None = None):
     from schemas.kafka.bridge import admin_client
+    from schemas.kafka.security import load_kafka_config
 
+    security = load_kafka_config(kafka_config) if kafka_config else None
     # Short reconnect backoff: the default grows to 10 s and would hide a broker that just came up.
-    return admin_client(bootstrap, extra={"reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 250})
+    return admin_client(bootstrap, security=security,
+                        extra={"reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 250})
 
 
-def _answers(bootstrap: str, timeout: float = 2.0, client=None) -> bool:
+def _answers(bootstrap: str, timeout: float = 2.0, client=None, kafka_config: str | None = None) -> bool:
     """True if a broker at ``bootstrap`` returns metadata naming at least one live broker."""
     from confluent_kafka import KafkaException
+
+    from schemas.errors import TransportError
     try:
-        return bool((client or _probe_client(bootstrap)).list_topics(timeout=timeout).brokers)
-    except KafkaException:
+        return bool((client or _probe_client(bootstrap, kafka_config)).list_topics(timeout=timeout).brokers)
+    except (KafkaException, TransportError):  # TransportError: refused while the users are still being loaded
         return False
 
 
 def _read_record(state_dir: Path) -> BrokerInfo | None:
     try:
         raw = json.loads((state_dir / "broker.json").read_text())
-        return BrokerInfo(**{k: raw[k] for k in _RECORD_KEYS})
+        return BrokerInfo(**{k: raw[k] for k in _RECORD_KEYS}, kafka_config=raw.get("kafka_config"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def _write_record(state_dir: Path, info: BrokerInfo) -> None:
     tmp = state_dir / "broker.json.tmp"
-    tmp.write_text(json.dumps({k: asdict(info)[k] for k in _RECORD_KEYS}, indent=2) + "\n")
+    tmp.write_text(json.dumps({k: asdict(info)[k] for k in (*_RECORD_KEYS, "kafka_config")}, indent=2) + "\n")
     tmp.replace(state_dir / "broker.json")  # readers never see a half-written record
 
 
@@ -266,7 +272,8 @@ def _tail(text: str, lines: int = 40) -> str:
 def broker_status(state_dir: Path | str | None = None) -> BrokerInfo | None:
     """The broker recorded in ``state_dir`` if its process lives and it answers; else None."""
     info = _read_record(Path(state_dir) if state_dir else default_state_dir())
-    if info is None or not _is_broker_process(info.pid) or not _answers(info.bootstrap):
+    if info is None or not _is_broker_process(info.pid) or not _answers(info.bootstrap,
+                                                                          kafka_config=info.kafka_config):
         return None
     return info
 
@@ -274,10 +281,13 @@ def broker_status(state_dir: Path | str | None = None) -> BrokerInfo | None:
 def start_broker(state_dir: Path | str | None = None, *, partitions: int = 4, heap: str = "512m",
                  libs_dir: Path | str | None = None,
                  ready_timeout: float = READY_TIMEOUT_S,
-                 properties: Mapping[str, str] | None = None) -> BrokerInfo:
+                 properties: Mapping[str, str] | None = None, secure: bool = False) -> BrokerInfo:
     """Start (or reuse) the broker of ``state_dir``; returns once it answers metadata requests.
 
     ``properties`` override server.properties settings of a new broker (and of its restarts).
+    ``secure``: a SASL_SSL listener, SCRAM users, mutual TLS and ACLs per role (``compose.rig.kafka.secure``;
+    the client config files are in ``state_dir/secure``, the admin's is ``BrokerInfo.kafka_config``).
+    A running broker is reused only if it is secured the same way.
     """
     if partitions < 1:
         raise BrokerError(f"partitions must be at least 1, got {partitions}")
@@ -286,32 +296,45 @@ def start_broker(state_dir: Path | str | None = None, *, partitions: int = 4, he
     if old is not None and _is_broker_process(old.pid):
         # A broker that started moments ago may still be coming up: give it its chance.
         grace = max(0.0, old.started_at + ready_timeout - time.time())
-        if _wait_ready(old.bootstrap, old.pid, grace):
+        if (old.kafka_config is not None) == secure and _wait_ready(old.bootstrap, old.pid, grace, old.kafka_config):
             return replace(old, reused=True)
         stop_broker(state)
     java = find_java()
     libs = ensure_jars(libs_dir)
     version = kafka_version(libs) or "unknown"
     for _ in range(3):  # a picked port can be taken by someone else before Kafka binds it
-        info = _launch(state, java, libs, version, partitions, heap, ready_timeout, properties)
+        info = _launch(state, java, libs, version, partitions, heap, ready_timeout, properties, secure)
         if info is not None:
             return info
     raise BrokerError(f"Kafka could not bind a free loopback port (3 tries); see {state}/broker.log")
 
 
 def _launch(state: Path, java: str, libs: Path, version: str, partitions: int, heap: str,
-            ready_timeout: float, properties: Mapping[str, str] | None = None) -> BrokerInfo | None:
+            ready_timeout: float, properties: Mapping[str, str] | None = None,
+            secure: bool = False) -> BrokerInfo | None:
     """Format and run one broker; None if it lost a port race (the caller retries)."""
     data_dir = state / "data"
     shutil.rmtree(data_dir, ignore_errors=True)  # leftovers of a killed broker: ephemeral anyway
     state.mkdir(parents=True, exist_ok=True)
     broker_port, controller_port = pick_free_ports(2)
     props = state / "server.properties"
+    users: list[str] = []
+    kafka_config = None
+    if secure:
+        from compose.rig.kafka import secure as secured
+
+        rig = secured.prepare(state)
+        properties = {**secured.server_properties(rig, broker_port=broker_port, controller_port=controller_port),
+                      **(properties or {})}
+        users = secured.scram_format_args(rig)
+        kafka_config = str(rig.config_path("admin"))
     props.write_text(render_server_properties(broker_port=broker_port, controller_port=controller_port,
                                               data_dir=data_dir, partitions=partitions, properties=properties))
+    if secure:
+        os.chmod(props, 0o600)  # it holds the admin's password
     try:
         fmt = subprocess.run(java_command(java, libs, version, "256m", "kafka.tools.StorageTool",
-                                          "format", "-t", new_cluster_id(), "-c", str(props)),
+                                          "format", "-t", new_cluster_id(), "-c", str(props), *users),
                              capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired as exc:
         raise BrokerError(f"formatting KRaft storage took over 120 s: {exc}") from None
@@ -327,9 +350,9 @@ def _launch(state: Path, java: str, libs: Path, version: str, partitions: int, h
     _CHILDREN[proc.pid] = proc
     info = BrokerInfo(pid=proc.pid, bootstrap=f"127.0.0.1:{broker_port}",
                       controller_port=controller_port, data_dir=str(data_dir),
-                      kafka_version=version, started_at=started)
+                      kafka_version=version, started_at=started, kafka_config=kafka_config)
     _write_record(state, info)  # before waiting, so `kafka down` can stop a broker still starting
-    if _wait_ready(info.bootstrap, proc.pid, ready_timeout):
+    if _wait_ready(info.bootstrap, proc.pid, ready_timeout, kafka_config):
         return replace(info, startup_s=time.time() - started)
     why = (f"exited with code {proc.returncode}" if proc.poll() is not None
            else f"did not answer at {info.bootstrap} within {ready_timeout:.0f} s")
@@ -374,14 +397,14 @@ def restart_broker(state_dir: Path | str, *, heap: str = "512m", libs_dir: Path 
     _CHILDREN[proc.pid] = proc
     info = replace(old, pid=proc.pid, started_at=started, reused=False)
     _write_record(state, info)
-    if not _wait_ready(info.bootstrap, proc.pid, ready_timeout):
+    if not _wait_ready(info.bootstrap, proc.pid, ready_timeout, info.kafka_config):
         raise BrokerError(f"restarted broker did not answer at {info.bootstrap}; see {state / 'broker.log'}")
     return replace(info, startup_s=time.time() - started)
 
 
-def _wait_ready(bootstrap: str, pid: int, timeout: float) -> bool:
+def _wait_ready(bootstrap: str, pid: int, timeout: float, kafka_config: str | None = None) -> bool:
     deadline = time.monotonic() + timeout
-    client = _probe_client(bootstrap)
+    client = _probe_client(bootstrap, kafka_config)
     while _is_broker_process(pid):
         if _answers(bootstrap, 2.0, client):  # a shorter probe could miss a live broker
             return True
@@ -446,12 +469,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
             sp.add_argument("--partitions", type=int, default=4, help="num.partitions (default 4)")
             sp.add_argument("--heap", default="512m", help="JVM heap, e.g. 512m or 1g")
             sp.add_argument("--libs", type=Path, help="jar dir")
+            sp.add_argument("--secure", action="store_true",
+                            help="SASL_SSL listener, SCRAM users, mutual TLS and ACLs per role; prints the "
+                                 "client config file of each role (<dir>/secure/<role>.properties)")
+            sp.add_argument("--topic-prefix", default="", help="with --secure: the topic prefix the ACLs name")
 
 
 def main(args: argparse.Namespace) -> int:
     try:
         return _run(args)
-    except (BrokerError, OSError) as exc:  # OSError: e.g. a state dir we may not write to
+    except (TokentrailError, OSError) as exc:  # OSError: e.g. a state dir we may not write to
         print(f"tokentrail kafka {args.kafka_command}: {exc}", file=sys.stderr)
         return 1
 
@@ -460,9 +487,18 @@ def _run(args: argparse.Namespace) -> int:
     if args.kafka_command == "fetch":
         print(ensure_jars(args.libs))
     elif args.kafka_command == "up":
-        started = start_broker(args.dir, partitions=args.partitions, heap=args.heap, libs_dir=args.libs)
+        started = start_broker(args.dir, partitions=args.partitions, heap=args.heap, libs_dir=args.libs,
+                               secure=args.secure)
         how = "reusing" if started.reused else f"started in {started.startup_s:.1f} s:"
         print(f"{how} Kafka {started.kafka_version} pid {started.pid}", file=sys.stderr)
+        if args.secure:
+            from compose.rig.kafka import secure
+            from schemas.kafka.topics import topic_names
+
+            rig = secure.SecureRig(Path(started.kafka_config or "").parent)
+            secure.apply_acls(started.bootstrap, rig, secure.role_acls(topic_names(args.topic_prefix)))
+            for role in secure.ROLES:
+                print(f"  --kafka-config {rig.config_path(role)}   ({role})", file=sys.stderr)
         print(started.bootstrap)  # last stdout line, so BOOTSTRAP=$(tokentrail kafka up) works
     elif args.kafka_command == "down":
         print("stopped" if stop_broker(args.dir) else "not running")
