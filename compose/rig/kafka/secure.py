@@ -187,6 +187,8 @@ def role_acls(names: TopicNames | None = None, *, processor_id: str = DEFAULT_PR
         # the interceptor: writes rollout events (captures, finishes), follows the announced versions and
         # reports the one it applied (schemas.version_reports: its heartbeat and, on a clean stop, its tombstone)
         ("interceptor", "TOPIC", "LITERAL", n.rollout_events, "WRITE"),
+        # READ: draining its spool, it checks which uncertain records already landed (producers.capture.durable)
+        ("interceptor", "TOPIC", "LITERAL", n.rollout_events, "READ"),
         ("interceptor", "TOPIC", "LITERAL", n.policy_versions, "READ"),
         ("interceptor", "TOPIC", "LITERAL", n.policy_versions_applied, "WRITE"),
         ("interceptor", "TOPIC", "LITERAL", n.policy_versions_applied, "READ"),
