@@ -9,6 +9,7 @@ import pytest
 import schemas.kafka.versions as versions
 from compose import cli
 from compose.engines.vllm_rig import admin
+from schemas.kafka.security import KafkaSecurity
 from schemas.policy_versions import PolicyVersion
 
 BOOT = ("--bootstrap", "127.0.0.1:9092")
@@ -65,10 +66,12 @@ def test_announce_publishes_on_the_prefixed_topic_and_forwards_the_engine(announ
     assert rc == 0
     ((args, kw), (waited, wait_kw)) = announced
     assert args == ("127.0.0.1:9092", "step-3", 3)
-    assert kw == {"topic": "run1.tokentrail.policy-versions", "weights": "label-only", "confirm": False}
+    assert kw == {"topic": "run1.tokentrail.policy-versions", "weights": "label-only", "confirm": False,
+                  "security": KafkaSecurity()}  # no --kafka-config: PLAINTEXT
     # Then it waits for the interceptors to apply it: only then may the trainer resume the engine.
     assert waited == ("wait", "127.0.0.1:9092", "step-3", 3)
-    assert wait_kw == {"topic": "run1.tokentrail.policy-versions", "timeout_s": 30.0, "min_followers": 0}
+    assert wait_kw == {"topic": "run1.tokentrail.policy-versions", "timeout_s": 30.0, "min_followers": 0,
+                       "security": KafkaSecurity()}  # the same security as the announcement
     assert labelled == [("http://127.0.0.1:8000/", "step-3", {"api_key": "k"})]
     assert json.loads(capsys.readouterr().out) == {"label": "step-3", "step": 3,
                                                    "topic": "run1.tokentrail.policy-versions",
