@@ -98,7 +98,7 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         kwargs = dict(settings.sink_kwargs)
-        if settings.sink in KAFKA_SINK_TOPICS and kwargs.get("bootstrap") == settings.bootstrap:
+        if settings.kafka.secured and settings.sink in KAFKA_SINK_TOPICS and kwargs.get("bootstrap") == settings.bootstrap:
             kwargs.setdefault("security", settings.kafka)  # the built-in Kafka sinks write to this cluster
         sink = load_sink(settings.sink, kwargs)
     except ConfigError as exc:

@@ -106,7 +106,12 @@ class KafkaSecurity:
 
     # -- translations -------------------------------------------------------------------------
     def librdkafka(self) -> dict[str, Any]:
-        """The settings of a confluent-kafka (librdkafka) client, secrets revealed: hand them to the client only."""
+        """The settings of a confluent-kafka (librdkafka) client, secrets revealed: hand them to the client only.
+
+        PLAINTEXT (no file) adds nothing: librdkafka's default.
+        """
+        if not self.secured:
+            return {}
         config: dict[str, Any] = {"security.protocol": self.protocol.lower()}
         if self.mechanism is not None:
             config["sasl.mechanism"] = self.mechanism

@@ -85,7 +85,7 @@ def logged_now(monkeypatch):
             records.append(LoggedEvent(0, len(records), now_us // 1000, encode_event(ev), key_for(rid)))
     monkeypatch.setattr(consumers.replay.eventlog, "EventLog", lambda *a, **k: FakeLog(records))
     # No broker here: the policy-versions topic holds no announcement (else each run waits out the follower).
-    monkeypatch.setattr(replay_cli, "read_announcements", lambda bootstrap, topic, required: [])
+    monkeypatch.setattr(replay_cli, "read_announcements", lambda bootstrap, topic, required, security=None: [])
     FakeLog.instances.clear()
     return records
 

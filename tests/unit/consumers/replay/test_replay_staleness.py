@@ -84,8 +84,8 @@ def _replay_rollout(monkeypatch, capsys, *argv: str) -> tuple[int, str]:
 
     from consumers.replay import cli, eventlog
 
-    monkeypatch.setattr(eventlog, "EventLog", lambda bootstrap, topic: _RolloutLog(log()._partitions))
-    monkeypatch.setattr(cli, "read_announcements", lambda bootstrap, topic, required: ANNOUNCED)
+    monkeypatch.setattr(eventlog, "EventLog", lambda bootstrap, topic, security=None: _RolloutLog(log()._partitions))
+    monkeypatch.setattr(cli, "read_announcements", lambda bootstrap, topic, required, security=None: ANNOUNCED)
     parser = argparse.ArgumentParser()
     cli.configure(parser)
     rc = cli.main(parser.parse_args(["--bootstrap", "127.0.0.1:9", *argv]))

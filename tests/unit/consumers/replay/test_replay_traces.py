@@ -164,7 +164,7 @@ def fake_log(monkeypatch):
     records = two_rollouts()
     monkeypatch.setattr(consumers.replay.eventlog, "EventLog", lambda *a, **k: FakeLog(records))
     # No broker here: the policy-versions topic holds no announcement (else each run waits out the follower).
-    monkeypatch.setattr(replay_cli, "read_announcements", lambda bootstrap, topic, required: [])
+    monkeypatch.setattr(replay_cli, "read_announcements", lambda bootstrap, topic, required, security=None: [])
     return records
 
 
