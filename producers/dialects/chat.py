@@ -19,6 +19,7 @@ from starlette.responses import Response
 from producers.dialects.base import ParsedRequest, SpecAdapter, StreamAdapter
 from producers.dialects.common import DialectError, check_fields, expect, expect_objects, shown
 from producers.engine.extract import CHOICE_TOKEN_FIELDS, TOP_LEVEL_TOKEN_FIELDS, strip_chat_response
+from producers.engine.info import engine_message
 from producers.http.replies import error_response, json_response
 
 __all__ = ["DONE", "ChatAdapter", "ChatStreamAdapter", "check_chat_request"]
@@ -28,6 +29,8 @@ DONE = b"data: [DONE]\n\n"
 # Top-level chat fields whose JSON type the interceptor itself relies on (the engine checks the rest).
 _CHAT_FIELDS = {"model": "string", "stream": "boolean", "logprobs": "boolean", "top_logprobs": "integer",
                 "max_tokens": "integer", "max_completion_tokens": "integer", "stream_options": "object"}
+# A tool's parameters are a JSON Schema; the engine's tool parsers crash on anything else (issue 26).
+_PARAMETERS_HINT = 'a JSON Schema, e.g. {"type": "object", "properties": {}}'
 
 
 class ChatAdapter(SpecAdapter):
@@ -54,6 +57,13 @@ class ChatAdapter(SpecAdapter):
         return error_response(status, message, kind)
 
     def upstream_error(self, status: int, content: bytes) -> Response:
+        # The engine's JSON error as it sent it; a body that is not JSON (a proxy's or a crashed engine's plain
+        # text) is wrapped in the chat error shape rather than labelled application/json (issue 26).
+        try:
+            orjson.loads(content)
+        except orjson.JSONDecodeError:
+            return self.error(status, engine_message(content), "server_error" if status >= 500 else
+                              "invalid_request_error")
         return Response(content, status_code=status, media_type="application/json")
 
 
@@ -91,7 +101,10 @@ def check_chat_request(body: dict[str, Any]) -> None:
         raise DialectError(f"'messages' must be a list of message objects, got {shown(messages)}")
     check_fields(body, _CHAT_FIELDS)
     if body.get("tools") is not None:
-        expect_objects(body["tools"], "tools", "tool")
+        for i, tool in enumerate(expect_objects(body["tools"], "tools", "tool")):
+            function = tool.get("function")
+            if isinstance(function, dict) and function.get("parameters") is not None:
+                expect(function["parameters"], "object", f"tools[{i}].function.parameters", _PARAMETERS_HINT)
     for i, message in enumerate(messages):
         _check_chat_message(message, f"messages[{i}]")
     if body.get("n") not in (None, 1):

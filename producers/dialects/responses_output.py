@@ -45,7 +45,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from producers.dialects.common import DialectError, expect_objects, read_chat_response, shown
+from producers.dialects.common import DialectError, expect, expect_objects, read_chat_response, shown
 
 _PREFIX = {"reasoning": "rs", "message": "msg", "function_call": "fc"}
 
@@ -165,7 +165,7 @@ def chat_tools(tools: Any) -> list[dict]:
         if kind == "function":
             name = _name(tool, f"tools[{i}]")
             _claim(seen, name, f"tools[{i}].name", namespaced=False)
-            out.append(_chat_tool(tool))
+            out.append(_chat_tool(tool, f"tools[{i}]"))
         elif kind == "namespace":
             _namespace_name(tool, i)
             for j, inner in enumerate(expect_objects(tool.get("tools") or [], f"tools[{i}].tools", "tool")):
@@ -173,7 +173,7 @@ def chat_tools(tools: Any) -> list[dict]:
                     continue
                 name = _name(inner, f"tools[{i}].tools[{j}]")
                 _claim(seen, name, f"tools[{i}].tools[{j}].name", namespaced=True)
-                out.append(_chat_tool(inner))
+                out.append(_chat_tool(inner, f"tools[{i}].tools[{j}]"))
     return out
 
 
@@ -218,7 +218,9 @@ def _name(tool: dict, where: str) -> str:
     return name
 
 
-def _chat_tool(tool: dict) -> dict:
+def _chat_tool(tool: dict, where: str) -> dict:
+    if tool.get("parameters") is not None:  # a JSON Schema; the engine's tool parsers crash on anything else
+        expect(tool["parameters"], "object", f"{where}.parameters", 'a JSON Schema, e.g. {"type": "object"}')
     function: dict[str, Any] = {"name": tool["name"]}
     for key in ("description", "parameters", "strict"):
         if tool.get(key) is not None:
