@@ -7,8 +7,9 @@ the capture prefix ``/ng-rollout/<id>/training-token-capture/``, the evaluation 
 (capture: ``producers.call.generation``; correlate and forward: ``producers.http.replies.forward``;
 refuse: a 404/405 naming the route) is the route table's, ``producers.http.route_policy``.
 
-Before any handler runs (``producers.http.admission``), in this order: an invalid rollout id
-or unsendable path is a 400; with ``rollout_secret`` a request under ``/ng-rollout/<id>/``
+Before any handler runs, in this order: a path with a dot segment (``.``/``..``, raw or
+percent-encoded: ``producers.http.routing.PATH_RULE``) is a 400, checked before any route is
+decided; then (``producers.http.admission``) an invalid rollout id or unsendable path is a 400; with ``rollout_secret`` a request under ``/ng-rollout/<id>/``
 without that rollout's token is a 401; there, a malformed ``x-tokentrail-trace`` header a 400;
 a refused route a 404/405; a capture call of a rollout this interceptor finished a 409
 (``producers.http.finished``: one record per rollout attempt); a body over
@@ -61,7 +62,7 @@ from producers.http.admission import (
 from producers.http.control import handle_control
 from producers.http.finished import finished_call_message
 from producers.http.route_policy import Policy, decide
-from producers.http.routing import is_control, parse_route, scope_paths
+from producers.http.routing import is_control, parse_route, path_rule_problem, scope_paths
 from producers.metrics import InterceptorMetrics
 from producers.services import CaptureServices, engine_client, follow_versions, open_services, probe_prefix_supply_of
 from producers.settings import InterceptorSettings
@@ -207,6 +208,10 @@ class Interceptor:
                                        "version_instance": getattr(self._versions, "report_as", None)
                                        if getattr(self._versions, "reporting", False) else None,
                                        "policy_version_fresh": (not clock.leased or clock.fresh) if clock else None})
+        # Before any route is decided: no dot segment, decoded or raw (producers.http.routing.PATH_RULE).
+        problem = path_rule_problem(path, raw_path)
+        if problem is not None:
+            return self._refuse(path, 400, problem, "invalid_request_error", "path")
         if svc is None:
             return self.error_for(path, 503, _STARTING, "capture_unavailable")
         if is_control(path):

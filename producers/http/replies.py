@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import httpx
 import orjson
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
 
 __all__ = ["DURABILITY_MESSAGE", "FORWARDED_REQUEST_HEADERS", "ErrorShape", "durability_error", "error_response",
-           "event_json", "forward", "json_response", "path_problem", "upstream_headers"]
+           "engine_path", "event_json", "forward", "json_response", "path_problem", "upstream_headers"]
 
 # The only harness headers the engine gets. What vLLM reads of a request: content-type, x-request-id (its
 # request id with --enable-request-id-headers), traceparent/tracestate (OpenTelemetry); accept and the
@@ -37,7 +38,14 @@ __all__ = ["DURABILITY_MESSAGE", "FORWARDED_REQUEST_HEADERS", "ErrorShape", "dur
 # anything unknown. The engine's credential is upstream_api_key alone.
 FORWARDED_REQUEST_HEADERS = frozenset({"content-type", "accept", "user-agent", "x-request-id", "traceparent",
                                        "tracestate", "anthropic-version", "anthropic-beta"})
-_DROP_RESPONSE_HEADERS = {"content-length", "connection", "transfer-encoding", "keep-alive", "content-encoding"}
+# Hop-by-hop and framing headers, and the engine's date/server: the ASGI server (uvicorn) adds its own two, so
+# passing the engine's on would send each twice (issue 26).
+_DROP_RESPONSE_HEADERS = frozenset({"content-length", "connection", "transfer-encoding", "keep-alive",
+                                    "content-encoding", "date", "server"})
+# What a path segment may hold unencoded towards the engine (RFC 3986 pchar minus '%'): every '%' of the checked,
+# decoded path is sent as %25, so the engine decodes exactly that path and nothing on the way re-resolves it.
+_PATH_SAFE = "/:@!$&'()*+,;=-._~"
+_BODYLESS = frozenset({"GET", "HEAD"})
 
 DURABILITY_MESSAGE = ("tokentrail could not make the capture durable (Kafka unavailable and no spool); the call was "
                       "not acknowledged so it cannot be trained on: retry it")
@@ -83,13 +91,26 @@ def upstream_headers(headers: Headers, api_key: SecretStr | None) -> dict[str, s
 
 
 def path_problem(api_path: str) -> str | None:
-    """Why ``api_path`` cannot be sent to the engine (``//...``, a control character), or None."""
+    """Why ``api_path`` cannot be sent to the engine (an empty segment ``//``, a control character), or None."""
     try:
         httpx.URL(path=api_path)
     except httpx.InvalidURL as exc:
         return (f"invalid request path {api_path!r}: {exc}; send a path without empty segments ('//') or control "
                 "characters")
+    if "//" in api_path:
+        return (f"invalid request path {api_path!r}: it has an empty segment ('//'), which an engine may read as "
+                "another route; send the path without doubled slashes")
     return None
+
+
+def engine_path(api_path: str) -> str:
+    """The engine URL's path for the checked, decoded ``api_path``: percent-encoded once, '%' included.
+
+    The HTTP clients on the way (httpx, yarl under aiohttp) decode escapes of unreserved characters and resolve
+    dot segments; with every '%' encoded, ``%2e`` in a decoded path stays the three characters it is.
+    """
+    return quote(api_path, safe=_PATH_SAFE) if not api_path.isascii() or "%" in api_path or "\\" in api_path \
+        else api_path
 
 
 async def forward(client: httpx.AsyncClient, request: Request, api_path: str, headers: dict[str, str | bytes],
@@ -100,10 +121,12 @@ async def forward(client: httpx.AsyncClient, request: Request, api_path: str, he
     reached, or that answers with a redirect, is a 502.
     """
     try:
-        url = httpx.URL(path=api_path, query=bytes(request.scope.get("query_string") or b""))
+        url = httpx.URL(path=engine_path(api_path), query=bytes(request.scope.get("query_string") or b""))
+        # A GET or HEAD carries no body to the engine, whatever the harness sent (issue 26).
+        content = None if request.method.upper() in _BODYLESS else request.stream()
         # httpx takes str and bytes header values mixed (each is normalized); its type hint says one or the other.
         upstream_request = client.build_request(request.method, url, headers=headers,  # type: ignore[arg-type]
-                                                content=request.stream())
+                                                content=content)
     except httpx.InvalidURL as exc:  # e.g. a path starting with "//", or with a control character
         return shape(400, path_problem(api_path) or f"invalid request path {api_path!r}: {exc}",
                      "invalid_request_error")

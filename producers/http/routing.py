@@ -15,10 +15,19 @@ through ``urllib.parse.urlsplit``, which deletes tab, CR and LF (WHATWG URL pars
 ``/ng-rollout/tab%09x1/...`` would become rollout ``tabx1``. The rollout id is also checked
 against the raw path (``raw_path``, percent-decoded segment by segment): ``a%2Fb`` is the id
 ``a/b`` (refused), not the id ``a`` followed by a path ``b/...``.
+
+Nothing resolves a path (``path_rule_problem``): a ``.`` or ``..`` segment, as sent or
+percent-encoded (``%2e``, twice encoded ``%252e``), or hidden behind an encoded separator
+(``..%2f``, ``..%5c``), is refused at the edge, before any route is decided, on the decoded
+path and on the raw one. Otherwise the route table would judge ``/v1/models/../../sleep``
+while the HTTP client, which resolves dot segments when it builds the engine URL, sent
+``/sleep``. The engine URL is then built from the checked path with every ``%`` encoded
+(``producers.http.replies.engine_path``), so the engine decodes exactly the path decided on.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -45,6 +54,41 @@ class Route:
 
 
 CONTROL_PREFIXES = ("/rollouts/", "/tokentrail/admin/")
+
+PATH_RULE = ("a request path must not contain '.' or '..' segments, as sent or percent-encoded ('%2e', '%252e'), "
+             "nor one behind an encoded separator ('..%2f', '..%5c')")
+_SEPARATORS = re.compile(r"[/\\]")
+_DOTS = (".", "..")
+
+
+def _has_dot_segment(text: str) -> bool:
+    """Whether ``text`` (a path) has a dot segment as it is, decoded once, or decoded twice ('/' and '\\' split)."""
+    for _ in range(3):
+        if any(part in _DOTS for part in _SEPARATORS.split(text)):
+            return True
+        if "%" not in text:
+            return False
+        text = unquote(text)
+    return False
+
+
+def path_rule_problem(path: str, raw_path: bytes | bytearray | None = None) -> str | None:
+    """Why the request path breaks ``PATH_RULE`` (a 400 naming it), or None; the decoded and the raw path.
+
+    A few string operations for an ordinary path: one without '.' and '%' is not even split.
+    """
+    raw = None
+    if raw_path is not None:
+        raw = bytes(raw_path).partition(b"?")[0].decode("latin-1")
+    bad = ((("." in path or "%" in path) and _has_dot_segment(path))
+           or (raw is not None and raw != path and ("." in raw or "%" in raw) and _has_dot_segment(raw)))
+    if not bad:
+        return None
+    shown = raw if raw is not None else path
+    shown = shown if len(shown) <= 200 else shown[:200] + "..."
+    return (f"invalid request path {shown!r}: {PATH_RULE} (route policy: path rule); tokentrail resolves no dot "
+            "segment, so the route decided on is the route the engine gets: send the route's own path, e.g. "
+            "/v1/models/<id>, not /v1/models/../<route>; nothing was recorded or forwarded")
 
 
 def scope_paths(scope: Any) -> tuple[str, bytes | bytearray | None]:

@@ -38,6 +38,8 @@ from hypothesis import strategies as st
 
 from producers.finish import finish_request_body
 from producers.http.app import Interceptor
+from producers.http.route_policy import ENGINE_ADMIN, READ_ONLY
+from producers.http.routing import PATH_RULE
 from producers.settings import InterceptorSettings
 from schemas.avro_fields import INT_MAX
 from schemas.ids import ROLLOUT_ID_PATTERN, ROLLOUT_ID_RULE
@@ -68,6 +70,28 @@ NAMES_SOMETHING = re.compile(r"'[^']+'|\"[^\"]+\"|\w\[\d+\]|\b(body|JSON|field|p
                              re.IGNORECASE)
 
 
+
+
+def dot_segment(raw_path: str) -> bool:
+    """The oracle of the path rule: a '.' or '..' segment as sent, decoded once or twice, '/' or '\\' splitting."""
+    text = raw_path.partition("?")[0]
+    for _ in range(3):
+        if {".", ".."} & set(re.split(r"[/\\]", text)):
+            return True
+        text = unquote(text)
+    return False
+
+
+def refused_by_the_path_rule(r: raw_asgi.RawResponse, r_: Rig, raw_path: bytes) -> bool:
+    """True (after checking the 400) when ``raw_path`` breaks the path rule: checked before anything else."""
+    if not dot_segment(raw_path.decode("ascii")):
+        return False
+    assert r.status == 400, (raw_path[:300], r.status, r.body[:500])
+    assert PATH_RULE in r.json()["error"]["message"], r.body[:500]
+    assert r_.publisher.all == [] and r_.engine.paths == [], (raw_path[:300], r_.engine.paths)
+    return True
+
+
 # -- the rig: one interceptor per test, on its own loop ------------------------------------------------
 
 class Engine:
@@ -75,8 +99,10 @@ class Engine:
 
     def __init__(self) -> None:
         self.requests = 0
+        self.paths: list[str] = []  # every path the engine was sent, decoded as the engine decodes it
 
     def handler(self, request: httpx.Request) -> httpx.Response:
+        self.paths.append(request.url.path)
         if request.method == "GET" and request.url.path == "/v1/models":
             return httpx.Response(200, json={"object": "list", "data": [
                 {"id": "policy", "object": "model", "max_model_len": 32768}]})
@@ -107,6 +133,7 @@ class Rig:
         for log in (self.publisher.all, self.publisher.events, self.publisher.intents, self.publisher.raw):
             log.clear()
         self.engine.requests = 0
+        self.engine.paths.clear()
 
     def call(self, method: str, raw_path: bytes, body: bytes = b"", headers: list[tuple[bytes, bytes]] | None = None,
              content_type: bytes | None = b"application/json") -> raw_asgi.RawResponse:
@@ -355,6 +382,9 @@ def test_fuzzed_rollout_ids_and_paths_are_never_a_5xx(prefix, rollout_id, tail, 
     raw_path = (prefix + rollout_id + tail).encode("ascii")
     r = r_.call(method, raw_path, json.dumps(VALID["chat"]).encode())
     assert r.status < 500, (method, raw_path[:300], r.status, r.body[:2000])
+    if refused_by_the_path_rule(r, r_, raw_path):
+        count(test, "400 path rule (dot segment)")
+        return
     id_ok = ROLLOUT_ID_PATTERN.fullmatch(unquote(rollout_id)) is not None and "/" not in unquote(rollout_id)
     if prefix == "/ng-rollout/" and not id_ok:
         assert r.status == 400, (raw_path[:300], r.status, r.body[:1000])
@@ -380,6 +410,59 @@ def test_fuzzed_rollout_ids_and_paths_are_never_a_5xx(prefix, rollout_id, tail, 
     kind = "rollout id rule" if ROLLOUT_ID_RULE in message else ("path" if "path" in message else
                                                                  payload["error"].get("type", "?"))
     count(test, f"{r.status} {kind}")
+
+
+# -- 2b. path spellings on every route table entry (issue 26 item 1) ---------------------------------------
+
+# Every route the table names: the dialects' generating routes, the read-only routes (and a model id under
+# /v1/models/), the engine admin routes the table refuses.
+ROUTE_ENTRIES = sorted({*ROUTES.values(), *(r.path for r in READ_ONLY), "/v1/models/Qwen/Qwen3-0.6B",
+                        *ENGINE_ADMIN})
+ROUTE_PREFIXES = ["", "/ng-rollout/r-1", "/ng-rollout/r-1/training-token-capture"]
+# What may stand between two segments, or replace one: dot segments in every spelling the probe used, and
+# their harmless look-alikes (which must pass the path rule).
+SPELLINGS = st.sampled_from(["..", ".", "%2e%2e", "%2E%2e", ".%2e", "%2e", "%252e%252e", "%252E", "..%2f", "..%2F",
+                             "..%5c", "..%5C", "%2e%2e%2f", "%2e%2e%5c", "..\\", "%2e%2e%252f", "...", ".x", "a..b",
+                             "x.", "%2f", "%2F%2F", "", "%5c", "%25", "v1", "models"])
+
+
+@pytest.mark.fuzz
+@fuzz_settings()
+@given(prefix=st.sampled_from(ROUTE_PREFIXES), route=st.sampled_from(ROUTE_ENTRIES),
+       inserts=st.lists(st.tuples(st.integers(min_value=0, max_value=8), SPELLINGS), min_size=1, max_size=3),
+       target=st.sampled_from(["", *ENGINE_ADMIN[:6], "/tokentrail/admin/weight-version", "/v1/chat/completions"]),
+       method=st.sampled_from(["GET", "POST", "HEAD"]), doubled=st.booleans())
+def test_path_spellings_never_reach_another_route(prefix, route, inserts, target, method, doubled):
+    test = "path spellings"
+    r_ = rig("capture")
+    segments = route.strip("/").split("/")
+    for position, spelling in inserts:
+        segments.insert(min(position, len(segments)), spelling)
+    path = prefix + "/" + "/".join(segments) + target
+    if doubled:
+        path = path.replace("/", "//", 1) if "/" in path[1:] else path
+    raw_path = path.encode("ascii")
+    r = r_.call(method, raw_path, json.dumps(VALID["chat"]).encode())
+    assert r.status < 500, (method, raw_path, r.status, r.body[:1000])
+    if refused_by_the_path_rule(r, r_, raw_path):
+        count(test, "400 path rule (dot segment)")
+        return
+    # Whatever else happened, no engine admin route was reached, and a forwarded request reached the engine at
+    # exactly the (decoded) path the route table decided on.
+    for seen in r_.engine.paths:
+        assert seen.rstrip("/") not in ENGINE_ADMIN, (raw_path, seen)
+    decoded = unquote(path)
+    api_path = decoded
+    for p in sorted(ROUTE_PREFIXES, key=len, reverse=True):
+        if p and decoded.startswith(p + "/"):
+            api_path = decoded[len(p):]
+            break
+    if 200 <= r.status < 300 and r_.engine.paths:
+        assert api_path in r_.engine.paths or r_.publisher.events, (raw_path, api_path, r_.engine.paths)
+    if r.status >= 400:
+        assert NAMES_SOMETHING.search(r.json()["error"]["message"]), r.body[:500]
+        assert r_.publisher.all == [] and r_.engine.requests == 0
+    count(test, f"{r.status}")
 
 
 # -- 3. the control routes -------------------------------------------------------------------------------
@@ -457,6 +540,9 @@ def test_the_finish_route_takes_only_what_rollout_finished_carries(body, auth, r
     r = r_.call("POST", raw_path, body, headers=headers)
     assert r.status < 500, (raw_path[:200], auth, body[:500], r.status, r.body[:2000])
     message = r.json().get("error", {}).get("message", "") if r.status >= 400 else ""
+    if refused_by_the_path_rule(r, r_, raw_path):  # the path rule comes before everything
+        count(test, "400 path rule (dot segment)")
+        return
     if len(body) > MAX_BODY:  # admission, before any handler: the body limit comes before the token check
         assert r.status == 413 and "bytes" in message and r_.publisher.all == [], (r.status, r.body[:300])
         count(test, "refused 413")
