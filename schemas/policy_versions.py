@@ -23,11 +23,42 @@ from typing import Any, TypeGuard
 from schemas.errors import ContractError
 from schemas.records import VersionSpan
 
-__all__ = ["UNNAMED_VERSION", "UNKNOWN_VERSION", "PolicyVersion", "VersionBook", "bracket_spans", "engine_spans",
+__all__ = ["MAX_LABEL_CHARS", "MAX_STEP", "UNNAMED_VERSION", "UNKNOWN_VERSION", "PolicyVersion",
+           "announcement_problem", "VersionBook", "bracket_spans", "engine_spans",
            "merge_spans", "observed_spans", "part_spans", "shifted", "versions_of"]
 
 UNNAMED_VERSION = "default"  # vLLM's label of weights no trainer has named (vllm/v1/engine/core.py)
 UNKNOWN_VERSION = ""  # a span whose tokens' version is not known (bracketed across an update)
+MAX_STEP = 2**63 - 1  # an Avro long
+MAX_LABEL_CHARS = 256  # a label is a key on the topic, a log field and a metric label: a name, not a document
+MAX_WEIGHTS_CHARS = 1024
+
+
+def announcement_problem(label: str, step: int, weights: str = "") -> str | None:
+    """Why a trainer may not announce ``label`` at ``step`` (one line naming the field, the value and the fix).
+
+    Stricter than ``PolicyVersion`` (which also reads what is already on the topic): a label is printable
+    text (no newline, no control character, no lone surrogate: what a shell makes of bytes that are not
+    UTF-8) of at most ``MAX_LABEL_CHARS``; ``"default"``, vLLM's unnamed weights, is step 0 only.
+    """
+    shown = repr(label[:60]) + ("..." if len(label) > 60 else "")
+    if not isinstance(label, str) or not label:
+        return f"label={label!r}: must be a non-empty string (the engine's weight version label, e.g. 'step-12')"
+    if len(label) > MAX_LABEL_CHARS:
+        return (f"label={shown} has {len(label)} characters: at most {MAX_LABEL_CHARS}; use a short name such as "
+                "'step-12' and put the details in --weights")
+    if not label.isprintable():
+        return (f"label={shown}: must be printable UTF-8 text, without newlines, control characters or bytes "
+                "that are not UTF-8; use a name such as 'step-12'")
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_STEP:
+        return f"step={step!r}: must be an integer with 0 <= step < 2**63 (the trainer's update count)"
+    if label == UNNAMED_VERSION and step != 0:
+        return (f"label={label!r} at step={step}: {UNNAMED_VERSION!r} names vLLM's unnamed initial weights, step 0 "
+                "only; announce updated weights under a label of their own, e.g. 'step-{step}'")
+    if not isinstance(weights, str) or len(weights) > MAX_WEIGHTS_CHARS or not weights.isprintable():
+        return (f"weights={weights[:60]!r}: must be printable UTF-8 text of at most {MAX_WEIGHTS_CHARS} characters, "
+                "without newlines (free text: how the weights reached the engine)")
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +77,9 @@ class PolicyVersion:
     def __post_init__(self) -> None:
         if not isinstance(self.label, str) or not self.label or self.label == UNKNOWN_VERSION:
             raise ContractError(f"policy version label={self.label!r}: must be a non-empty string")
-        if not isinstance(self.step, int) or isinstance(self.step, bool) or self.step < 0:
-            raise ContractError(f"policy version {self.label!r}: step={self.step!r} must be an integer >= 0 "
-                                "(the trainer's update count; it orders versions for staleness)")
+        if not isinstance(self.step, int) or isinstance(self.step, bool) or not 0 <= self.step <= MAX_STEP:
+            raise ContractError(f"policy version {self.label!r}: step={self.step!r} must be an integer with "
+                                "0 <= step < 2**63 (the trainer's update count; it orders versions for staleness)")
         if not math.isfinite(self.announced_at):
             raise ContractError(f"policy version {self.label!r}: announced_at={self.announced_at!r} is not finite")
 

@@ -8,6 +8,11 @@ the version (``wait_applied``; ``--confirm-timeout``, ``--min-followers``; ``--n
 skips it): resume the engine only after it returned. ``show`` prints every announced label with
 its step, the current one marked. Exit 0 done, 2 invalid arguments, 3 the broker or the engine
 refused, or interceptors did not confirm (each named).
+
+Every invalid input is one line naming the field, the value and the fix, exit 2, before any
+I/O (``schemas.policy_versions.announcement_problem``): a label is printable text of at most
+256 characters, ``default`` is step 0 only, 0 <= step < 2**63; and a label already on the topic
+with another step is refused (exit 2): steps order versions, so a label's step never changes.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import os
 import sys
 import urllib.parse
 
-from schemas.kafka.security import add_kafka_config_option
+from schemas.kafka.security import KafkaSecurity, add_kafka_config_option
 from schemas.kafka.topics import add_topic_options
 
 EXIT_INVALID, EXIT_TRANSPORT = 2, 3
@@ -55,13 +60,16 @@ def main(args: argparse.Namespace) -> int:
     from schemas.errors import ConfigError, ContractError, TransportError
     from schemas.kafka.security import security_of_args
     from schemas.kafka.topics import check_bootstrap, topic_names
-    from schemas.policy_versions import PolicyVersion
+    from schemas.policy_versions import PolicyVersion, announcement_problem
 
     topic = topic_names(args.topic_prefix).policy_versions
     try:
         check_bootstrap(args.bootstrap)
         args.security = security_of_args(args)  # parsed once, before any I/O
         if args.action == "announce":
+            problem = announcement_problem(args.label, args.step, args.weights)
+            if problem is not None:
+                raise ValueError(problem)
             PolicyVersion(label=args.label, step=args.step)  # validated before any I/O
             _check_engine(args.engine)
             if not args.confirm_timeout > 0:
@@ -85,6 +93,12 @@ def _announce(args: argparse.Namespace, topic: str) -> int:
     from compose.engines.vllm_rig.admin import set_version
     from schemas.kafka.versions import announce_version, wait_applied
 
+    earlier = announced_steps(args.bootstrap, topic, args.security).get(args.label)
+    if earlier is not None and earlier != args.step:
+        print(f"tokentrail versions: invalid arguments: label={args.label!r} was announced at step {earlier}, not "
+              f"step={args.step}: a label's step never changes (steps order versions); announce the new weights "
+              f"under a new label, or repeat --step {earlier}", file=sys.stderr)
+        return EXIT_INVALID
     if args.engine:  # the engine first: the topic never names a version the engine refused
         set_version(args.engine, args.label, api_key=args.engine_api_key)
     announcement = announce_version(args.bootstrap, args.label, args.step, topic=topic, weights=args.weights,
@@ -96,6 +110,20 @@ def _announce(args: argparse.Namespace, topic: str) -> int:
     print(json.dumps({"label": announcement.label, "step": announcement.step, "topic": topic,
                       "engine": args.engine or None, "confirmed_by": confirmed}))
     return 0
+
+
+def announced_steps(bootstrap: str, topic: str, security: KafkaSecurity | None = None) -> dict[str, int]:
+    """Every label on the topic with its step (read to its end); TransportError when it cannot be read."""
+    from schemas.errors import TransportError
+    from schemas.kafka.versions import VersionFollower
+
+    follower = VersionFollower(bootstrap, topic, security=security).start()
+    try:
+        if not follower.wait_caught_up(30):
+            raise TransportError(f"{topic} not read to its end within 30 s (checking the label's earlier step)")
+        return dict(follower.book.steps())
+    finally:
+        follower.close()
 
 
 def _check_engine(url: str | None) -> None:
