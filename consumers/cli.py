@@ -90,7 +90,10 @@ def main(args: argparse.Namespace) -> int:
                                     metrics_port=getattr(args, "metrics_port", None),
                                     metrics_host=getattr(args, "metrics_host", "127.0.0.1"),
                                     **({} if args.fetch_wait_ms is None else {"fetch_wait_ms": args.fetch_wait_ms}))
-    except (ValidationError, ValueError) as exc:
+    except ValidationError as exc:  # one line per field: its flag, the value given and the rule (issue 26)
+        print(f"tokentrail consume: invalid settings: {settings_problems(exc)}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
         print(f"tokentrail consume: invalid settings: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -105,6 +108,20 @@ def main(args: argparse.Namespace) -> int:
         print(f"tokentrail consume: {exc}", file=sys.stderr)
         return 2
     return asyncio.run(_run(settings, sink, args.max_rollouts))
+
+
+def settings_problems(exc: ValidationError) -> str:
+    """A pydantic ValidationError as one line: each field as its flag, the value given and what it must be."""
+    from consumers.settings import ConsumerSettings
+
+    parts = []
+    for error in exc.errors():
+        field = ".".join(str(part) for part in error.get("loc", ()))
+        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        flag = "--" + field.replace("_", "-") if field in ConsumerSettings.model_fields else field
+        given = f"={error['input']!r}" if "input" in error and not isinstance(error["input"], dict) else ""
+        parts.append(f"{flag}{given}: " * bool(field) + f"{message[:1].lower()}{message[1:]}")
+    return "; ".join(parts).replace("\n", " ") + "; fix the flag (tokentrail consume --help)"
 
 
 async def _run(settings, sink, max_rollouts) -> int:
