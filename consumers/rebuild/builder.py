@@ -31,6 +31,7 @@ totals count every unmasked trace's loss-bearing tokens.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 
 from consumers.rebuild.graph import Forest, ancestry, build_forest, chains, resolve_retries
@@ -161,6 +162,13 @@ def _snapshot_reasons(snapshot: Snapshot, rules: RebuildRules) -> list[MaskReaso
                            for reason, n in sorted(counts.items()))
         ids = sorted({m.model_call_id for m in others if m.model_call_id})
         reasons.append(MaskReason(code=MaskCode.CAPTURE_INCOMPLETE, detail=detail, call_ids=ids))
+    # A direct producer's CallCaptured is not checked by any interceptor: a non-finite created_at would order
+    # calls by NaN (every comparison false), so the tree would be a guess (issue 26).
+    unordered = sorted({sc.call.model_call_id for sc in snapshot.calls if not math.isfinite(sc.call.created_at)})
+    if unordered:
+        reasons.append(MaskReason(code=MaskCode.INVALID_RECORD, call_ids=unordered, detail=(
+            f"{len(unordered)} call(s) have a created_at that is not a finite number (NaN or infinite), so calls "
+            "cannot be ordered; fix the producer: created_at is the call's wall-clock time in seconds")))
     if snapshot.late_writes and rules.mask_late_writes:
         late = sorted({sc.call.model_call_id for sc in snapshot.calls if sc.late})
         reasons.append(MaskReason(code=MaskCode.LATE_WRITE, detail=f"{snapshot.late_writes} write(s) after finish", call_ids=late))

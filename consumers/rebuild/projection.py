@@ -105,7 +105,11 @@ def carrier_of(node: Node) -> tuple[list[Any], int]:
     if not items:
         return [dict(_SYNTHESIZED)], 0
     index = node.call.token_item_index
-    if index is None or not 0 <= index < len(items):
+    if index is not None and not 0 <= index < len(items):  # a direct producer's forged index: never guessed
+        raise ChainError(f"call {node.call_id}: token_item_index={index} is outside its {len(items)} output "
+                         f"item(s); fix the producer: the index of the output item that carries the tokens, "
+                         f"0..{len(items) - 1}, or null")
+    if index is None:
         legacy = [i for i, item in enumerate(items) if isinstance(item, dict) and "generation_token_ids" in item]
         index = legacy[0] if legacy else len(items) - 1
     if not isinstance(items[index], dict):

@@ -95,11 +95,18 @@ def first_non_finite(values: list[float]) -> tuple[int, float] | None:
 
 
 def result_problem(result_json: Any) -> str | None:
-    """Why the rollout result is not strict JSON, or None."""
+    """Why the rollout result is not strict JSON, or None (a lone surrogate, raw or escaped, is no text)."""
     try:
-        strict_loads(result_json)
+        value = strict_loads(result_json)
     except InvalidJson as exc:
         return str(exc)
+    if not result_json.isascii() or "\\u" in result_json:  # only then can it hold a lone surrogate
+        try:
+            result_json.encode("utf-8")
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return (f"it holds a lone surrogate ({exc.object[exc.start:exc.end]!r}), which is not Unicode text and "
+                    "cannot be written as UTF-8")
     return None
 
 
@@ -126,7 +133,8 @@ def checked_record(rollout: RebuiltRollout, *, built: bool = False) -> RebuiltRo
                     "It is kept as a JSON string in `result`. Fix the finisher: send the result as a JSON value "
                     "with finite numbers only (producers.finish.finish_rollout / `tokentrail finish --result`)."),
         ))
-        changes["result_json"] = json.dumps(raw, ensure_ascii=False)
+        # A lone surrogate is kept as its escape text (\\udc80), so the string is UTF-8 and a second check passes it.
+        changes["result_json"] = json.dumps(raw.encode("utf-8", "backslashreplace").decode("utf-8"), ensure_ascii=False)
 
     trajectory = rollout.trajectory
     if trajectory is not None and not built:

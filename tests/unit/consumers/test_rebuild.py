@@ -143,8 +143,15 @@ def test_legacy_records_carry_tokens_on_the_item_that_had_them_inline_else_the_l
     legacy = [dict(ITEMS[1]), {**ITEMS[2], "generation_token_ids": [3, 4], "prompt_token_ids": [0]}]
     out = _projection(root([1, 2], [3, 4], output_items_json=json.dumps(legacy), token_item_index=None))
     assert "generation_token_ids" not in out[0] and out[1]["prompt_token_ids"] == [1, 2]
-    plain = _projection(root([1, 2], [3, 4], output_items_json=json.dumps(ITEMS[:2]), token_item_index=7))
+    plain = _projection(root([1, 2], [3, 4], output_items_json=json.dumps(ITEMS[:2]), token_item_index=None))
     assert [("generation_token_ids" in i) for i in plain] == [False, True]
+
+
+def test_an_index_outside_the_items_is_refused_not_guessed():
+    # Issue 26: it used to fall back to the last item, so a direct producer's forged index was delivered unmasked.
+    out = rebuild(snapshot_of(root([1, 2], [3, 4], output_items_json=json.dumps(ITEMS[:2]), token_item_index=7)))
+    assert out.mask_sample and out.response_json is None
+    assert any("token_item_index=7 is outside its 2 output" in m.detail for m in out.mask_reasons), out.mask_reasons
 
 
 def test_a_call_without_items_gets_a_synthesized_message():

@@ -205,8 +205,46 @@ def test_a_projection_that_is_not_json_is_withheld():
 
 
 def test_a_lone_surrogate_is_written_as_valid_utf8_json():
+    # Issue 26: a lone surrogate is no text; it was delivered unmasked. Now masked, the raw text kept readable.
     bad = dataclasses.replace(sample_rollout("s"), result_json=json.dumps({"text": "\ud800"}, ensure_ascii=False))
-    assert strict(to_json_line(bad))["result"] == {"text": "\ud800"}
+    record = strict(to_json_line(bad))
+    assert record["mask_sample"] is True and record["result"] == '{"text": "\\ud800"}'
+    assert "invalid_result" in [r["code"] for r in record["mask_reasons"]]
+
+
+@pytest.mark.parametrize("result_json", ['{"text": "\\ud800"}',  # escaped in the JSON text (a raw one: above) '"\\udfff"',  # escaped in the JSON text
+                                         '["ok", "\\ud83d"]'])
+def test_a_direct_producers_lone_surrogate_result_is_masked_and_stays_masked(result_json):
+    out = rebuild(snapshot_of(*good_chain(), finish=finished_with(result_json)))
+    assert out.mask_sample and codes(out) == ["invalid_result"]
+    assert "lone surrogate" in reason(out, "invalid_result").detail
+    again = checked_record(out)  # a sink checks again: no second reason, no double wrapping
+    assert again is out
+    line = to_json_line(out)
+    line.decode("utf-8")  # valid UTF-8
+    assert strict(line)["mask_sample"] is True
+
+
+def test_a_paired_surrogate_escape_is_text():
+    out = rebuild(snapshot_of(*good_chain(), finish=finished_with('{"emoji": "\\ud83d\\ude00"}')))
+    assert not out.mask_sample, codes(out)
+
+
+@pytest.mark.parametrize("created_at", [math.nan, math.inf, -math.inf])
+def test_a_direct_producers_non_finite_created_at_is_masked(created_at):
+    r, c = good_chain()
+    out = rebuild(snapshot_of(r, dataclasses.replace(c, created_at=created_at)))
+    assert out.mask_sample and "invalid_record" in codes(out)
+    found = reason(out, "invalid_record")
+    assert c.model_call_id in found.call_ids and "created_at" in found.detail
+
+
+@pytest.mark.parametrize("index", [2**31 - 1, 7, -1])
+def test_a_direct_producers_out_of_range_token_item_index_is_masked(index):
+    r, c = good_chain()
+    out = rebuild(snapshot_of(r, dataclasses.replace(c, token_item_index=index)))
+    assert out.mask_sample, codes(out)
+    assert any(f"token_item_index={index}" in m.detail for m in out.mask_reasons), out.mask_reasons
 
 
 def test_a_valid_record_is_unchanged_and_rendered_byte_for_byte_as_before():
