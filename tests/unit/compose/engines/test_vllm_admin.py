@@ -47,8 +47,11 @@ def test_the_engine_gets_the_label_as_vllm_expects(engine):
     assert engine.seen == [("/update_weight_version", "Bearer secret", {"new_version": "step-4"})]
 
 
-def test_an_engine_without_dev_mode_is_named_and_nothing_is_published(engine, capsys):
+def test_an_engine_without_dev_mode_is_named_and_nothing_is_published(engine, capsys, monkeypatch):
     engine.status = 404
+    # The topic is read first (issue 26: a label re-announced with another step is refused before the engine
+    # is labelled); here it holds nothing, so the engine is asked next and refuses.
+    monkeypatch.setattr("compose.ops.versions.announced_steps", lambda bootstrap, topic: {})
     with pytest.raises(WeightPushError, match="VLLM_SERVER_DEV_MODE=1") as exc:
         set_version(engine.url, "step-4")
     assert isinstance(exc.value, TransportError)
