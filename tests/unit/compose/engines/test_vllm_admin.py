@@ -51,7 +51,7 @@ def test_an_engine_without_dev_mode_is_named_and_nothing_is_published(engine, ca
     engine.status = 404
     # The topic is read first (issue 26: a label re-announced with another step is refused before the engine
     # is labelled); here it holds nothing, so the engine is asked next and refuses.
-    monkeypatch.setattr("compose.ops.versions.announced_steps", lambda bootstrap, topic: {})
+    monkeypatch.setattr("compose.ops.versions.announced_steps", lambda bootstrap, topic, security=None: {})
     with pytest.raises(WeightPushError, match="VLLM_SERVER_DEV_MODE=1") as exc:
         set_version(engine.url, "step-4")
     assert isinstance(exc.value, TransportError)
