@@ -152,6 +152,36 @@ async def make_interceptor(publisher, tmp_path):
 
 
 @pytest.fixture
+async def policy_rig(publisher):
+    """``make(policy=None, **settings) -> (harness client, engine client)``: an interceptor over the in-process
+    reference policy server (4 ms a token; ``policy`` overrides its settings), the engine warmed up (its first
+    generation builds its tables: a pause must find tokens generated)."""
+    from compose.engines.policy import create_app
+
+    made = []
+
+    async def make(policy: dict | None = None, **overrides):
+        engine = httpx.AsyncClient(base_url="http://policy", timeout=30, transport=httpx.ASGITransport(
+            app=create_app(**{"decode_ms_per_token": 4, **(policy or {})}), raise_app_exceptions=False))
+        settings = InterceptorSettings(**{"upstream_url": "http://policy", "bootstrap": "unused:9092",
+                                          "control_token": "s3cret", **overrides})
+        app = Interceptor(settings, publisher=publisher, upstream=engine)  # type: ignore[arg-type]
+        await app.startup()
+        warm = await engine.post("/v1/chat/completions", json={
+            "model": "tokentrail-policy", "messages": [{"role": "user", "content": "go"}], "max_tokens": 2})
+        assert warm.status_code == 200
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://tt", timeout=60)
+        made.append((http, app, engine))
+        return http, engine
+
+    yield make
+    for http, app, engine in made:
+        await http.aclose()
+        await app.shutdown()
+        await engine.aclose()
+
+
+@pytest.fixture
 async def over_engine(publisher):
     """An interceptor in front of a ``FakeVLLM`` (tests.unit.producers.fake_vllm); settings overridable."""
     made = []

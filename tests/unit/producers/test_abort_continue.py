@@ -14,10 +14,7 @@ import json
 import httpx
 import pytest
 
-from compose.engines.policy import create_app
 from producers.dialects import anthropic
-from producers.http.app import Interceptor
-from producers.settings import InterceptorSettings
 from schemas.records import CallCaptured, CallIncomplete
 
 CHAT = "/ng-rollout/{rid}/training-token-capture/v1/chat/completions"
@@ -25,29 +22,8 @@ ADMIN = {"authorization": "Bearer s3cret"}
 
 
 @pytest.fixture
-async def rig(publisher):
-    made = []
-
-    async def make(**overrides):
-        policy = create_app(decode_ms_per_token=4)
-        engine = httpx.AsyncClient(base_url="http://policy", timeout=30,
-                                   transport=httpx.ASGITransport(app=policy, raise_app_exceptions=False))
-        settings = InterceptorSettings(**{"upstream_url": "http://policy", "bootstrap": "unused:9092",
-                                          "control_token": "s3cret", **overrides})
-        app = Interceptor(settings, publisher=publisher, upstream=engine)  # type: ignore[arg-type]
-        await app.startup()
-        # Warm the engine up (its first generation builds its tables): the pause must find tokens generated.
-        warm = await engine.post("/v1/chat/completions", json={**_body(False), "max_tokens": 2})
-        assert warm.status_code == 200
-        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://tt", timeout=60)
-        made.append((http, app, engine))
-        return http, engine
-
-    yield make
-    for http, app, engine in made:
-        await http.aclose()
-        await app.shutdown()
-        await engine.aclose()
+def rig(policy_rig):
+    return policy_rig  # tests/unit/producers/conftest.py
 
 
 async def _weight_sync(http: httpx.AsyncClient, engine: httpx.AsyncClient, label: str) -> None:

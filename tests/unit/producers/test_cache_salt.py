@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from tests.unit.producers.conftest import vllm_chat_response
-from tests.unit.producers.test_abort_continue import _body, _paused_mid_generation, rig  # noqa: F401
+from tests.unit.producers.test_abort_continue import _body, _paused_mid_generation
 
 CHAT = "/ng-rollout/{rid}/training-token-capture/v1/chat/completions"
 ADMIN = {"authorization": "Bearer s3cret"}
@@ -42,8 +42,8 @@ async def test_a_harness_salt_is_kept_and_still_partitioned_by_version(intercept
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-async def test_a_continued_part_is_salted_with_the_new_version(rig, monkeypatch, stream):  # noqa: F811
-    http, engine = await rig(abort_policy="continue")
+async def test_a_continued_part_is_salted_with_the_new_version(policy_rig, monkeypatch, stream):
+    http, engine = await policy_rig(abort_policy="continue")
     salts: list[str] = []
     send = engine.send
 

@@ -14,9 +14,6 @@ import asyncio
 import httpx
 import pytest
 
-from compose.engines.policy import create_app
-from producers.http.app import Interceptor
-from producers.settings import InterceptorSettings
 from schemas.records import CallCaptured, CallIncomplete
 
 CHAT = "/ng-rollout/{rid}/training-token-capture/v1/chat/completions"
@@ -25,26 +22,9 @@ BODY = {"model": "tokentrail-policy", "messages": [{"role": "user", "content": "
 
 
 @pytest.fixture
-async def rig(publisher):
-    made = []
-
-    async def make(**overrides):
-        engine = httpx.AsyncClient(base_url="http://policy", timeout=30, transport=httpx.ASGITransport(
-            app=create_app(decode_ms_per_token=4, sleep_mode=True), raise_app_exceptions=False))
-        settings = InterceptorSettings(**{"upstream_url": "http://policy", "bootstrap": "unused:9092",
-                                          "control_token": "s3cret", **overrides})
-        app = Interceptor(settings, publisher=publisher, upstream=engine)  # type: ignore[arg-type]
-        await app.startup()
-        assert (await engine.post("/v1/chat/completions", json={**BODY, "max_tokens": 2})).status_code == 200  # warm
-        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://tt", timeout=60)
-        made.append((http, app, engine))
-        return http, engine
-
-    yield make
-    for http, app, engine in made:
-        await http.aclose()
-        await app.shutdown()
-        await engine.aclose()
+def rig(policy_rig):
+    """The interceptor over the stand-in with sleep mode on (the checkpoint routes)."""
+    return lambda **overrides: policy_rig({"sleep_mode": True}, **overrides)
 
 
 async def _checkpointed(engine: httpx.AsyncClient, request) -> httpx.Response:
