@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import hashlib
 import json
 import os
 import shutil
@@ -27,23 +26,24 @@ from pathlib import Path
 
 from compose import REPO_ROOT
 from compose.procs.service import pick_free_ports
+from compose.rig.kafka.jars import (
+    BrokerError,
+    ensure_jars,
+    find_java,
+    java_command,
+    kafka_version,
+    tail_of,
+)
 from schemas.errors import TokentrailError
 
-KAFKA_CONF_DIR = Path(__file__).resolve().parent  # pom.xml and logging configs, beside this module
-DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies"
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 _BROKER_MAIN = "kafka.Kafka"
-_STAMP = ".pom.sha256"  # in the libs dir: digest of the pom the jars were resolved from
 _RECORD_KEYS = ("pid", "bootstrap", "controller_port", "data_dir", "kafka_version", "started_at")
 
 # Brokers this process launched: we are their parent, so a dead one stays a zombie
 # (still signalable) until reaped; `Popen.poll()` is the only honest liveness test.
 _CHILDREN: dict[int, subprocess.Popen] = {}
-
-
-class BrokerError(TokentrailError):
-    """The broker could not be fetched, started, found or stopped; the message says what to do."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,93 +61,6 @@ class BrokerInfo:
 
 def default_state_dir() -> Path:
     return Path(os.environ.get("TOKENTRAIL_KAFKA_DIR") or REPO_ROOT / ".tokentrail" / "kafka")
-
-
-def default_libs_dir() -> Path:
-    return Path(os.environ.get("TOKENTRAIL_KAFKA_LIBS") or REPO_ROOT / ".kafka" / "libs")
-
-
-# ---------------------------------------------------------------- jars and java
-
-def kafka_version(libs_dir: Path | str) -> str | None:
-    """The Kafka version of the ``kafka_2.13-<v>.jar`` in ``libs_dir``, or None."""
-    paths = sorted(Path(libs_dir).glob("kafka_2.13-*.jar")) if Path(libs_dir).is_dir() else []
-    jars = [j.name for j in paths if not j.name.endswith(("-test.jar", "-sources.jar"))]
-    return jars[-1][len("kafka_2.13-"):-len(".jar")] if jars else None
-
-
-def ensure_jars(libs_dir: Path | str | None = None) -> Path:
-    """Lay Kafka's runtime jars out in ``libs_dir`` with Maven unless they are there and current.
-
-    A jar set we laid out carries a digest of the pom, so editing the pom re-resolves it; a
-    dir named explicitly without that stamp was laid out by someone else and is trusted.
-    Maven writes to a staging dir renamed into place only on success, so an interrupted
-    download never passes for a complete jar set.
-    """
-    explicit = libs_dir is not None or bool(os.environ.get("TOKENTRAIL_KAFKA_LIBS"))
-    libs = Path(libs_dir) if libs_dir else default_libs_dir()
-    stamp = libs / _STAMP
-    if kafka_version(libs) and (stamp.read_text().strip() == _pom_digest() if stamp.exists()
-                                else explicit):
-        return libs
-    try:
-        staging = _resolve_jars(libs)
-    except BrokerError as exc:
-        if not kafka_version(libs):
-            raise
-        print(f"warning: using the older Kafka jars in {libs}: {exc}", file=sys.stderr)
-        return libs
-    (staging / _STAMP).write_text(_pom_digest() + "\n")
-    shutil.rmtree(libs, ignore_errors=True)
-    libs.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        staging.rename(libs)
-    except OSError:  # another process put its copy in place first: keep that one
-        shutil.rmtree(staging, ignore_errors=True)
-    return libs
-
-
-def _pom_digest() -> str:
-    return hashlib.sha256((KAFKA_CONF_DIR / "pom.xml").read_bytes()).hexdigest()
-
-
-def _resolve_jars(libs: Path) -> Path:
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise BrokerError(
-            f"mvn not found on PATH and no Kafka jars in {libs}: install Apache Maven 3.6.3+ "
-            "(it lays Kafka's jars out of Maven Central), or set TOKENTRAIL_KAFKA_LIBS to a "
-            "directory that holds kafka_2.13-*.jar and its dependencies")
-    staging = libs.with_name(f"{libs.name}.partial-{os.getpid()}")
-    errors = []
-    for profile in ([], ["-Pkafka3"]):  # 4.x first; 3.9 only if 4.x cannot be resolved
-        shutil.rmtree(staging, ignore_errors=True)
-        cmd = [mvn, "-B", "-q", "-f", str(KAFKA_CONF_DIR / "pom.xml"), *profile, DEPENDENCY_PLUGIN,
-               f"-DoutputDirectory={staging}", "-DincludeScope=runtime"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode == 0 and kafka_version(staging):
-            return staging
-        errors.append(f"$ {' '.join(cmd)}\n{_tail(proc.stdout + proc.stderr, 15)}")
-    shutil.rmtree(staging, ignore_errors=True)
-    raise BrokerError("could not fetch Kafka's jars with Maven (is Maven Central reachable?):\n"
-                      + "\n".join(errors))
-
-
-def find_java() -> str:
-    java = shutil.which("java")
-    if java is None:
-        raise BrokerError("java not found on PATH: install a JDK 17+ "
-                          "(e.g. `apt-get install openjdk-17-jdk-headless`) and put `java` on PATH")
-    return java
-
-
-def java_command(java: str, libs: Path, version: str, heap: str, *main: str) -> list[str]:
-    """The JVM command line for a Kafka main class, with the logging config for ``version``."""
-    logging_opt = (f"-Dlog4j.configuration=file:{KAFKA_CONF_DIR / 'log4j.properties'}"
-                   if version.startswith("3.")  # 3.9 logs through reload4j (log4j 1 syntax)
-                   else f"-Dlog4j2.configurationFile={KAFKA_CONF_DIR / 'log4j2.properties'}")
-    return [java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-            "-Djava.awt.headless=true", logging_opt, "-cp", f"{libs}/*", *main]
 
 
 # ---------------------------------------------------------------- configuration
@@ -263,10 +176,6 @@ def _write_record(state_dir: Path, info: BrokerInfo) -> None:
     tmp.replace(state_dir / "broker.json")  # readers never see a half-written record
 
 
-def _tail(text: str, lines: int = 40) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
 # ---------------------------------------------------------------- start / status / stop
 
 def broker_status(state_dir: Path | str | None = None) -> BrokerInfo | None:
@@ -341,7 +250,7 @@ def _launch(state: Path, java: str, libs: Path, version: str, partitions: int, h
     if fmt.returncode != 0:
         out = fmt.stdout + fmt.stderr
         hint = " (Kafka 4.x needs Java 17+)" if "UnsupportedClassVersionError" in out else ""
-        raise BrokerError(f"formatting KRaft storage failed{hint}:\n{_tail(out)}")
+        raise BrokerError(f"formatting KRaft storage failed{hint}:\n{tail_of(out)}")
     started = time.time()
     with open(state / "broker.log", "wb") as log:
         proc = subprocess.Popen(java_command(java, libs, version, heap, _BROKER_MAIN, str(props)),
@@ -357,7 +266,7 @@ def _launch(state: Path, java: str, libs: Path, version: str, partitions: int, h
     why = (f"exited with code {proc.returncode}" if proc.poll() is not None
            else f"did not answer at {info.bootstrap} within {ready_timeout:.0f} s")
     stop_broker(state)  # kills it if it is still up
-    tail = _tail((state / "broker.log").read_text(errors="replace"))
+    tail = tail_of((state / "broker.log").read_text(errors="replace"))
     if "BindException" in tail or "Address already in use" in tail:
         return None
     raise BrokerError(f"Kafka broker {why}; last lines of {state / 'broker.log'}:\n{tail}")
