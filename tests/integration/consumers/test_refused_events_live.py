@@ -26,6 +26,7 @@ from schemas.kafka.topics import key_for
 from schemas.records import IncompleteReason, MaskCode
 from tests.factories import event
 from tests.integration.consumers.delivery import consume
+from tests.integration.deadletters import dead_letters
 from tests.unit.consumers.support import child, declared, root
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
@@ -39,22 +40,6 @@ def _publish_raw(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]])
     for key, value in records:
         producer.produce(topic, key=key, value=value, on_delivery=lambda err, _msg: err and errors.append(err))
     assert producer.flush(30) == 0 and not errors, errors
-
-
-def _dead_letters(bootstrap: str, topic: str, key: bytes, want: int, timeout: float = 60.0) -> list:
-    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": f"itdl-{uuid.uuid4().hex}",
-                                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    consumer.subscribe([topic])
-    out: list = []
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and len(out) < want:
-            msg = consumer.poll(0.5)
-            if msg is not None and not msg.error() and msg.key() == key:
-                out.append((dict(msg.headers() or []), msg.value()))
-        return out
-    finally:
-        consumer.close()
 
 
 def _retired(bootstrap: str, topic: str, rollout_id: str, timeout: float = 30.0) -> bool:
@@ -103,7 +88,7 @@ async def test_trailing_bytes_and_bad_call_id_events_are_dead_lettered_and_the_r
     assert delivered.metrics.n_calls == 2  # the good calls are unharmed; the refused ones never reached state
     assert got[bystander].mask_sample is False and got[bystander].mask_reasons == []
 
-    dead = await asyncio.to_thread(_dead_letters, kafka_bootstrap, topics.deadletter, key_for(rid), 2)
+    dead = await asyncio.to_thread(dead_letters, kafka_bootstrap, topics.deadletter, key_for(rid), 2)
     by_value = {value: headers for headers, value in dead}
     assert by_value[trailing_value]["tokentrail-reason"] == b"CodecError"
     assert b"has 3 byte(s) after its Avro body" in by_value[trailing_value]["tokentrail-detail"]

@@ -20,30 +20,14 @@ import asyncio
 import time
 import uuid
 
-import confluent_kafka
 import httpx
 import pytest
 
 from compose.harnesses.sdk import run_rollout
 from producers.finish import finish_rollout
+from tests.integration.deadletters import dead_letters
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
-
-
-def _dead_letters(bootstrap: str, topic: str, key: bytes, timeout: float = 60.0) -> list[tuple[dict, bytes]]:
-    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": f"itdl-{uuid.uuid4().hex}",
-                                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    consumer.subscribe([topic])
-    out: list = []
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not out:
-            msg = consumer.poll(0.5)
-            if msg is not None and not msg.error() and msg.key() == key:
-                out.append(({k: v.decode() for k, v in msg.headers() or []}, msg.value()))
-        return out
-    finally:
-        consumer.close()
 
 
 def test_a_rollout_finished_twice_and_called_again_is_delivered_once_with_its_first_result(stack, kafka_bootstrap):
@@ -72,7 +56,8 @@ def test_a_rollout_finished_twice_and_called_again_is_delivered_once_with_its_fi
 
     # A finish the interceptor never sees: the fold refuses it (before or after the retirement).
     asyncio.run(finish_rollout(kafka_bootstrap, rid, {"reward": 0}, topic=stack.topics.rollout_events))
-    ((headers, _),) = _dead_letters(kafka_bootstrap, stack.topics.deadletter, rid.encode())
+    ((raw, _),) = dead_letters(kafka_bootstrap, stack.topics.deadletter, rid.encode())
+    headers = {k: v.decode() for k, v in raw.items()}
     reason, detail = headers["tokentrail-reason"], headers.get("tokentrail-detail", "")
     assert reason in ("conflicting_finish", "write_after_retire"), headers
     assert "new rollout id" in detail and ("'result'" in detail or "not delivered" in detail), detail
