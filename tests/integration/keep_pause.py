@@ -5,8 +5,10 @@ vLLM's (``tests/integration/e2e/test_vllm_versions.py``). Each run: one streamed
 in-process interceptor that follows the topic; at its first chunk the trainer pauses the engine
 (``keep``), updates it, announces ``v<k>`` with ``announce_version`` (which returns once every live
 interceptor applied it) and resumes: ``sync(k, announce)`` does all that (``label_sync`` for a label
-only; real vLLM's test passes ``push_weights``). A CPU
-burner (``cpu_burner``) loads the machine beside it.
+only; real vLLM's test passes ``push_weights``). ``updates_in_one_stream`` instead runs many label
+updates inside one long stream, each once more tokens arrived after the last resume: real vLLM's pause
+lands 0.6-2.2 s after it is asked on loaded cores, so a short stream per update often ended first, and a
+long one per update would cost minutes. A CPU burner (``cpu_burner``) loads the machine beside it.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ class Tap(httpx.AsyncBaseTransport):
         self.chunks = 0  # tokens the engine sent of the current call
         self.arrivals: list[float] = []  # when each of them reached the interceptor (monotonic)
         self.on_first: Callable[[], None] | None = None
+        # Set: the next chunk with tokens ends the call as the engine ends one at max_tokens (finish "length",
+        # then [DONE]; closing the response makes vLLM drop the request), so a stream lasts as long as needed.
+        self.end_now = False
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         response = await self.inner.handle_async_request(request)
@@ -85,7 +90,12 @@ class Tap(httpx.AsyncBaseTransport):
                                 self.arrivals += [time.monotonic()] * got
                                 if self.chunks == got and self.on_first is not None:
                                     self.on_first()
+                                if self.end_now:
+                                    choice["finish_reason"] = "length"
                         line = b"data: " + json.dumps(doc).encode()
+                        if self.end_now and '"finish_reason": "length"' in line.decode():
+                            yield line + b"\n\ndata: [DONE]\n\n"
+                            return
                     yield line + b"\n"
             if buffer:
                 yield buffer
@@ -138,32 +148,122 @@ def label_sync(engine_url: str) -> Sync:
     return sync
 
 
-async def keep_pause_runs(engine_url: str, bootstrap: str, names: TopicNames, runs: int, *, max_tokens: int,
-                          sync: Sync, strip: bool, first: int = 1, counts: Callable[[Run], bool] | None = None,
-                          budget_s: float = float("inf")) -> list[Run]:
-    """Streams, each across one keep-pause update announced as ``v<k>`` (k = first, first+1, ...), until ``runs``
-    of them ``counts`` (default: every one), or ``budget_s`` seconds have passed (then fewer: the caller says)."""
-    deadline = time.monotonic() + budget_s
+@contextlib.asynccontextmanager
+async def _interceptor(engine_url: str, bootstrap: str, names: TopicNames, strip: bool) -> Any:
+    """An in-process interceptor following the versions topic, its engine behind a ``Tap``: (http, tap, publisher, model)."""
     transport = Tap(strip)
     upstream = httpx.AsyncClient(base_url=engine_url, timeout=120, transport=transport)
     publisher = RecordingPublisher()
     settings = InterceptorSettings(upstream_url=engine_url, bootstrap=bootstrap, topics=names, follow_versions=True)
     app = Interceptor(settings, publisher=publisher, upstream=upstream)  # type: ignore[arg-type]
     await app.startup()
-    out: list[Run] = []
     try:
         model = (await upstream.get("/v1/models")).json()["data"][0]["id"]
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://tt",
-                                     timeout=120) as http:
-            k = first
-            while sum(1 for r in out if counts is None or counts(r)) < runs and time.monotonic() < deadline:
-                out.append(await _one(http, transport, bootstrap, names, k, model, max_tokens, sync))
-                out[-1].captured = [e.body for e in publisher.events if isinstance(e.body, CallCaptured)][-1]
-                out[-1].truth = transport.truth[-1]
-                k += 1
+                                     timeout=300) as http:
+            yield http, transport, publisher, model
     finally:
         await app.shutdown()
+
+
+def _last_capture(publisher: RecordingPublisher) -> CallCaptured:
+    return [e.body for e in publisher.events if isinstance(e.body, CallCaptured)][-1]
+
+
+async def keep_pause_runs(engine_url: str, bootstrap: str, names: TopicNames, runs: int, *, max_tokens: int,
+                          sync: Sync, strip: bool, first: int = 1, counts: Callable[[Run], bool] | None = None,
+                          budget_s: float = float("inf")) -> list[Run]:
+    """Streams, each across one keep-pause update announced as ``v<k>`` (k = first, first+1, ...), until ``runs``
+    of them ``counts`` (default: every one), or ``budget_s`` seconds have passed (then fewer: the caller says)."""
+    deadline = time.monotonic() + budget_s
+    out: list[Run] = []
+    async with _interceptor(engine_url, bootstrap, names, strip) as (http, transport, publisher, model):
+        k = first
+        while sum(1 for r in out if counts is None or counts(r)) < runs and time.monotonic() < deadline:
+            out.append(await _one(http, transport, bootstrap, names, k, model, max_tokens, sync))
+            out[-1].captured = _last_capture(publisher)
+            out[-1].truth = transport.truth[-1]
+            k += 1
     return out
+
+
+@dataclass
+class Update:
+    """One keep-pause update inside a stream: when each step returned (monotonic), and the tokens sent by then."""
+    k: int
+    asked: float = 0.0  # the pause was asked
+    announced: float = 0.0  # the announcement returned: every live interceptor had applied v<k>
+    resumed: float = 0.0  # the resume returned
+    tokens_at_ask: int = 0
+
+
+@dataclass
+class OneStream:
+    captured: CallCaptured
+    arrivals: list[float]  # when each generated token reached the interceptor
+    updates: list[Update]
+
+    def labels(self) -> list[str]:
+        return [s.version for s in self.captured.facts.version_spans for _ in range(s.start, s.end)]
+
+    def generated_after(self, u: Update, until: float) -> int:
+        """Tokens that reached the interceptor after ``u``'s resume and before ``until``: the engine, frozen from
+        the pause to the resume (through an announcement that takes ~100 ms and more), generated them after it."""
+        return sum(u.resumed < t < until for t in self.arrivals)
+
+
+async def updates_in_one_stream(engine_url: str, bootstrap: str, names: TopicNames, updates: int, *,
+                                max_tokens: int, after: int, first: int = 1) -> OneStream:
+    """One streamed call across ``updates`` keep-pause updates of the label (``label_sync``), announced as ``v<k>``
+    on the topic (k = first, ...); each after ``after`` more tokens reached the interceptor since the last resume.
+    After the last, and ``after`` tokens more, the tap ends the call (``Tap.end_now``)."""
+    async with _interceptor(engine_url, bootstrap, names, False) as (http, tap, publisher, model):
+        done, log = [False], []
+
+        def tokens_past(mark: int) -> bool:  # `after` tokens beyond mark arrived, or the stream ended (polling)
+            while tap.chunks < mark + after and not done[0]:
+                time.sleep(0.005)
+            return tap.chunks >= mark + after
+
+        def drive() -> None:
+            try:
+                updates_then_end()
+            finally:  # a failed update ends the stream now, and its error is raised below, not a long stream's
+                tap.end_now = True
+
+        def updates_then_end() -> None:
+            mark = tap.chunks
+            for k in range(first, first + updates):
+                if not tokens_past(mark):
+                    return
+                u = Update(k, asked=time.monotonic(), tokens_at_ask=tap.chunks)
+                log.append(u)
+                pause(engine_url, "keep")
+                try:
+                    set_version(engine_url, f"v{k}")
+                    announce_version(bootstrap, f"v{k}", k, topic=names.policy_versions, confirm_timeout_s=20)
+                    u.announced = time.monotonic()
+                finally:
+                    resume(engine_url)
+                    u.resumed = time.monotonic()
+                mark = tap.chunks
+            tokens_past(mark)
+
+        tasks: list[asyncio.Future] = []
+        tap.on_first = lambda: tasks.append(asyncio.ensure_future(asyncio.to_thread(drive)))
+        tap.end_now = False
+        body = {"model": model, "messages": [{"role": "user", "content": "go on"}], "max_tokens": max_tokens,
+                "stream": True, "ignore_eos": True}
+        try:
+            r = await http.post(f"/ng-rollout/ks-{uuid.uuid4().hex[:6]}/training-token-capture/v1/chat/completions",
+                                json=body)
+        finally:
+            tap.on_first = None
+            done[0] = True
+        assert r.status_code == 200, r.text
+        assert tasks, "the stream carried no tokens"
+        await tasks[0]
+        return OneStream(_last_capture(publisher), list(tap.arrivals), log)
 
 
 async def _one(http: httpx.AsyncClient, tap: Tap, bootstrap: str, names: TopicNames, k: int, model: str,

@@ -9,6 +9,11 @@ the new ones, and the two weight sets give different values.
 
 The stream is bounded (``MAX_TOKENS``, client timeout) and a failed sync resumes the engine, so a
 fault here fails the test instead of freezing the stream (a 20,000-token stream once ran out CI's clock).
+An attempt tests the split only if the engine was still generating after the sync's resume: the
+log-probs say so (some token scores as the new weights'). vLLM's pause lands between engine steps,
+and on loaded cores it once came after a 10,000-token stream had ended (CI, both modes): such an
+attempt, whose every token the old weights sampled and whose labels all say so, is run again
+(``ATTEMPTS``); a run that crossed the update is never retried, so a wrong label always fails.
 """
 
 from __future__ import annotations
@@ -23,17 +28,18 @@ import numpy as np
 import openai
 import pytest
 
-from compose.engines.vllm_rig.admin import resume
+from compose.engines.vllm_rig.admin import resume, set_version
 from compose.engines.vllm_rig.engine import score_prompt
 from compose.engines.vllm_rig.weights import push_weights, read_safetensors, write_safetensors
 from compose.rig.stack import LocalStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker, pytest.mark.vllm]
 
-# Enough tokens to outlast the pause: vLLM's /pause lands between engine steps, and on 2 busy
-# cores it was seen to take up to ~15 s (~2,000 tokens at this model's ~130 tokens/s); few enough
-# that the stream and its rescoring take about a minute and a half, not CI's clock.
-MAX_TOKENS = 10_000
+# Enough tokens to outlast the pause most of the time (it lands 0.6-2.2 s after it is asked on these
+# cores, ~300 tokens/s), few enough that a stream and its rescoring take ~20 s; an attempt the pause
+# missed is run again, up to ATTEMPTS in all.
+MAX_TOKENS = 4_000
+ATTEMPTS = 3
 
 
 @pytest.fixture
@@ -101,26 +107,25 @@ def _stream_across_a_sync(stack: LocalStack, engine, rid: str, mode: str, new: P
                 finishes.append(c.finish_reason)
     assert synced.wait(120) and not failures, failures
     (seconds, seen), = took
-    assert seen < len(parts), f"the stream ended before the sync ({seconds:.1f} s): the pause landed too late"
+    print(f"sync took {seconds:.1f} s; the harness had read {seen} of {len(parts)} chunks when it returned")
     assert finishes == ["length"], finishes  # one answer, whole: the harness never saw the sync
     stack.finish(rid, {"reward": 1.0})
     return "".join(parts)
 
 
-def _assert_split_is_exact(engine_url: str, record: dict, old: Path, new: Path, source: str) -> None:
+def _split_is_exact(engine_url: str, record: dict, old: Path, new: Path, source: str) -> bool:
+    """Check the record's version split against the log-probs; False: the engine ended the stream before the
+    sync paused it (every token scores as the old weights' and is labelled v0), an attempt to run again."""
     traj = record["trajectory"]
     (span,) = traj["spans"]
     versions = span["version_spans"]
-    assert [v["version"] for v in versions] == ["v0", "v1"], versions
-    assert span["version_source"] == source and span["dispatch_version"] == "v0"
-    cut = versions[0]["end"]
-    assert span["generation_start"] < cut < span["end"], versions
     ids, logprobs = traj["token_ids"], traj["log_probs"]
     generated = [i for i, bit in enumerate(traj["loss_mask"]) if bit]
     by_position = dict(zip(generated, logprobs, strict=True))
     under_new = score_prompt(engine_url, ids)  # the engine now holds the new weights
     push_weights(engine_url, old, "v0-again")
     under_old = score_prompt(engine_url, ids)
+    set_version(engine_url, "v0")  # the next attempt or test starts from the served weights, named as before
     # Which weights sampled each token: the one whose score it matches. A re-scored prefill and the
     # sampling decode differ in the last bits on this CPU build once the KV was recomputed (~2e-4 at
     # most seen), so a token tells the weights apart only where the two scores differ by far more
@@ -131,13 +136,19 @@ def _assert_split_is_exact(engine_url: str, record: dict, old: Path, new: Path, 
         assert min(old_d, new_d) < 1e-3, (i, by_position[i], under_old[i - 1], under_new[i - 1])
         if abs(under_old[i - 1] - under_new[i - 1]) > 1e-2:
             told[i] = "old" if old_d < new_d else "new"
+    if "new" not in told.values():  # the new weights sampled nothing: the pause came after the stream's end
+        assert [v["version"] for v in versions] == ["v0"], versions  # and no token may claim otherwise
+        return False
+    assert [v["version"] for v in versions] == ["v0", "v1"], versions
+    assert span["version_source"] == source and span["dispatch_version"] == "v0"
+    cut = versions[0]["end"]
+    assert span["generation_start"] < cut < span["end"], versions
     assert sum(i < cut for i in told) > 0 and sum(i >= cut for i in told) > 0, (cut, len(told))
     # A short message: pytest's diff of two dicts of thousands of positions runs for many minutes.
     wrong = sorted(i for i, weights in told.items() if weights != ("old" if i < cut else "new"))
     assert not wrong, (f"{len(wrong)} of {len(told)} telling tokens sampled by the other weights than their "
                        f"label says (cut {cut}); first {wrong[:10]}, last {wrong[-3:]}")
-    push_weights(engine_url, new, "v1-again")
-    push_weights(engine_url, old, "v0")  # the next test starts from the served weights
+    return True
 
 
 @pytest.mark.parametrize(("mode", "policy"), [("keep", "mask"), ("abort", "continue")])
@@ -146,10 +157,69 @@ def test_a_stream_across_a_weight_update_has_two_version_spans_at_the_right_toke
     old = _served_dir(engine.url)  # the served checkpoint
     new = tmp_path_factory.mktemp("v1-weights")
     write_safetensors(new / "model.safetensors", _perturbed(_weights(old)))
+    missed = 0
     with _stack(kafka_bootstrap, tmp_path_factory, engine, "--abort-policy", policy) as stack:
-        rid = f"sync-{mode}-{uuid.uuid4().hex[:6]}"
-        _stream_across_a_sync(stack, engine, rid, mode, new)
-        record = stack.wait_rollouts([rid], timeout=180)[rid]
-    assert record["mask_sample"] is False, record["mask_reasons"]
-    # keep: where the stream saw the announcement; abort + continue: the parts (producers.capture.core)
-    _assert_split_is_exact(engine.url, record, old, new, "observed" if mode == "keep" else "bracket")
+        for _ in range(ATTEMPTS):
+            rid = f"sync-{mode}-{uuid.uuid4().hex[:6]}"
+            _stream_across_a_sync(stack, engine, rid, mode, new)
+            record = stack.wait_rollouts([rid], timeout=180)[rid]
+            assert record["mask_sample"] is False, record["mask_reasons"]
+            # keep: where the stream saw the announcement; abort + continue: the parts (producers.capture.core)
+            if _split_is_exact(engine.url, record, old, new, "observed" if mode == "keep" else "bracket"):
+                break
+            missed += 1
+            print(f"attempt {missed}: the stream ended before the pause landed; running it again")
+    assert missed < ATTEMPTS, f"in {ATTEMPTS} attempts the pause never landed while the engine was generating"
+
+
+# Issue 25: the keep-pause update 20 times in a row with the CPU loaded, on real vLLM; each update announced
+# on the versions topic (the announce returns once the interceptor applied it), a label only (a reload costs
+# seconds here; the test above proves the split exact against two weight sets' log-probs). All 20 in one
+# long stream, each after tokens the engine generated since the last resume: a stream per update had to
+# outlast a pause that lands up to 2.2 s after it is asked, and often did not (9-12 of 20 crossed).
+UPDATES, AFTER, STREAM_TOKENS = 20, 40, 30_000  # 2,700-8,000 were used on 2 loaded cores; the tap ends it
+
+
+async def test_twenty_keep_pause_updates_under_load_never_label_a_token_older_than_its_version(
+        kafka_bootstrap, engine):
+    from schemas.kafka.admin import ensure_topics
+    from schemas.kafka.topics import topic_names
+    from schemas.kafka.versions import announce_version
+    from tests.integration.keep_pause import cpu_burner, updates_in_one_stream
+
+    names = topic_names(f"kp{uuid.uuid4().hex[:8]}.")
+    ensure_topics(kafka_bootstrap, names)
+    set_version(engine.url, "v0")
+    announce_version(kafka_bootstrap, "v0", 0, topic=names.policy_versions)
+    started = time.monotonic()
+    with cpu_burner():
+        run = await updates_in_one_stream(engine.url, kafka_bootstrap, names, UPDATES, max_tokens=STREAM_TOKENS,
+                                          after=AFTER)
+    set_version(engine.url, "v0")  # the shared engine's label as the other tests left it
+    took = time.monotonic() - started
+    labels, updates = run.labels(), run.updates
+    assert len(labels) == len(run.arrivals) == len(run.captured.generation_token_ids), (len(labels), len(run.arrivals))
+    # A token that reached the interceptor after v<k>'s announcement returned was sampled after the pause
+    # before it at the earliest: it must be labelled v<k> or newer, or be unknown (then the rollout masks).
+    wrong = [j for j, t in enumerate(run.arrivals)
+             if labels[j] and int(labels[j][1:]) < max((u.k for u in updates if u.announced < t), default=0)]
+    lines = []
+    for i, u in enumerate(updates):
+        until = updates[i + 1].asked if i + 1 < len(updates) else float("inf")
+        since = updates[i - 1].resumed if i else 0.0
+        seen = sorted({labels[j] for j, t in enumerate(run.arrivals) if since < t < until})
+        lines.append(f"v{u.k}: asked at token {u.tokens_at_ask}, pause+label+announce "
+                     f"{(u.announced - u.asked) * 1000:.0f} ms, {run.generated_after(u, until)} tokens after the "
+                     f"resume; labels from the resume before it to the pause after it {seen}")
+    report = (f"{len(updates)} updates in one stream of {len(labels)} tokens, {took:.1f} s with a CPU burner; "
+              f"tokens labelled older than the last version announced before they arrived: {len(wrong)}; "
+              f"unknown: {labels.count('')}\n" + "\n".join(lines))
+    print("\n" + report)
+    assert not wrong, report
+    assert [u.k for u in updates] == list(range(1, UPDATES + 1)), report
+    # Each update tested: the engine generated after its resume (tokens arrived after it, before the next pause).
+    assert all(run.generated_after(u, updates[i + 1].asked if i + 1 < len(updates) else float("inf")) > 0
+               for i, u in enumerate(updates)), report
+    # And the stream shows each version in turn (or an unknown span, which masks the rollout).
+    shown = [v for v, _, _ in ((s.version, s.start, s.end) for s in run.captured.facts.version_spans)]
+    assert "" in shown or shown == [f"v{k}" for k in range(UPDATES + 1)], (shown, report)
