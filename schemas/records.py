@@ -170,6 +170,17 @@ class VersionSource(StrEnum):
     NONE = ""  # nothing named a version
 
 
+class PrefixRoute(StrEnum):
+    """Which engine route generated from supplied prompt ids (``CallCaptured.prefix_route``; wire strings).
+
+    The wire field stays a plain string, so a reader accepts a route it does not know (a newer writer's).
+    """
+
+    CHAT = "/v1/chat/completions"  # kv_transfer_params.prompt_token_ids on the chat request (vLLM >= 0.32)
+    GENERATE = "/inference/v1/generate"  # the render's GenerateRequest, stream + output_mode derender (vLLM >= 0.34)
+    NONE = ""  # no ids were supplied
+
+
 @dataclass(**_FROZEN)
 class CallFacts:
     route: str
@@ -228,6 +239,7 @@ class CallCaptured:
     prefix_requested: bool = False
     prefix_supplied: bool = False
     finish_reason: str = ""
+    prefix_route: str = ""  # PrefixRoute: which engine route took the supplied ids ("" when none were)
 
     def __post_init__(self) -> None:
         n_gen = len(self.generation_token_ids)

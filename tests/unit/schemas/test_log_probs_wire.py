@@ -21,7 +21,7 @@ from schemas import codec
 from schemas.errors import CodecError, ContractError
 from tests.factories import event, make_call
 
-# An event as this writer encodes it: ids 4, 5, 6 with log-probs -0.5, -1.25, -2**-10 as float32
+# An event as the writer of issue 24 encoded it (RolloutEvent.08fd36ff1b25278b, archived): ids 4, 5, 6 with log-probs -0.5, -1.25, -2**-10 as float32
 # (the 12 bytes 000000bf 0000a0bf 000080ba after the empty float64 field). It must decode to the
 # same doubles for as long as its writer schema is archived.
 GOLDEN = bytes.fromhex(
@@ -83,7 +83,8 @@ def test_a_reader_without_the_float32_field_refuses_a_narrowed_call_instead_of_m
              if f.name.startswith("RolloutEvent.") and "generation_log_probs_f32" not in f.read_text()]
     old_reader = fastavro.parse_schema(older[-1])
     body = io.BytesIO(GOLDEN[10:])
-    datum = fastavro.schemaless_reader(body, codec.event_codec().schema, old_reader, return_record_name=True,
+    golden_writer = fastavro.parse_schema(json.loads((history / f"RolloutEvent.{GOLDEN[2:10].hex()}.json").read_text()))
+    datum = fastavro.schemaless_reader(body, golden_writer, old_reader, return_record_name=True,
                                        return_record_name_override=True)
     with pytest.raises(ContractError, match="generation_log_probs has 0 values for 3"):
         codec.from_avro(type(codec.decode_event(GOLDEN)), datum)

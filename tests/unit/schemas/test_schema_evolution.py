@@ -1,5 +1,5 @@
 """Fields added to CallCaptured / CallFacts (finish_reason, max_tokens_sent, max_tokens_clamped,
-logprobs_mode): they round-trip, and events from every archived (older) writer still decode, with
+logprobs_mode, prefix_route): they round-trip, and events from every archived (older) writer still decode, with
 the new fields at their defaults."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import fastavro
 import pytest
 
 from schemas import codec
-from schemas.records import CallCaptured, IncompleteReason
+from schemas.records import CallCaptured, IncompleteReason, PrefixRoute
 from tests.factories import event, incomplete, make_call
 
-NEW_CALL_FIELDS = {"finish_reason": ""}
+NEW_CALL_FIELDS = {"finish_reason": "", "prefix_route": ""}
 NEW_FACT_FIELDS = {"max_tokens_sent": None, "max_tokens_clamped": False, "logprobs_mode": ""}
 
 
@@ -39,6 +39,15 @@ def test_the_new_fields_round_trip():
                             "logprobs_mode": "processed_logprobs"})
     back = codec.decode_event(codec.encode_event(event("r", call))).body
     assert back == call and back.finish_reason == "repetition" and back.facts.max_tokens_sent == 32768
+
+
+def test_the_prefix_route_round_trips_and_the_writer_before_it_is_archived():
+    for route in PrefixRoute:
+        call = make_call([1, 2], [3], prefix_requested=True, prefix_supplied=bool(route), prefix_route=str(route))
+        assert codec.decode_event(codec.encode_event(event("r", call))).body.prefix_route == str(route)
+    older = [w for w in _archived_event_writers() if "prefix_route" not in _fields_of(w, "CallCaptured")]
+    assert any("finish_reason" in _fields_of(w, "CallCaptured") for w in older), \
+        "the released writer with finish_reason but without prefix_route must stay readable: keep its history file"
 
 
 def test_the_new_incomplete_reasons_round_trip():
