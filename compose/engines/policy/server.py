@@ -4,6 +4,7 @@ Routes:
 
 * ``POST /v1/chat/completions``   non-streaming and SSE (``stream: true``), ``n`` >= 1
 * ``POST /v1/chat/completions/render``   the engine request, tokens in (``render.py``)
+* ``POST /inference/v1/generate``   tokens in, a derendered chat stream out (``generate.py``; 0.34)
 * ``GET  /v1/models``, ``GET /health``, ``GET /version``
 * ``POST /tokenize``, ``POST /detokenize``               (vLLM shapes)
 * vLLM's dev-mode RL routes and tokentrail's score / weight-version routes (``admin.py``)
@@ -37,7 +38,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from compose.engines.policy import admin, checkpoint, render, template
+from compose.engines.policy import admin, checkpoint, generate, render, template
 from compose.engines.policy.agent import Generation
 from compose.engines.policy.engine import ChatJob, PolicyEngine
 from compose.engines.policy.protocol import VLLM_VERSION, VLLM_VERSIONS, ResponseShaper, completion_json
@@ -104,6 +105,7 @@ def create_app(settings: PolicySettings | None = None) -> Starlette:
     settings = settings or PolicySettings()
     engine = PolicyEngine(settings)
     control = engine.control
+    renders = generate.RenderMemory()
 
     async def chat_completions(request: Request) -> Response:
         try:
@@ -137,7 +139,29 @@ def create_app(settings: PolicySettings | None = None) -> Starlette:
             job = engine.prepare(body)
         except RequestError as exc:
             return _error(exc)
-        return JSONResponse(render.generate_request(engine, job, request.headers.get("x-request-id")))
+        answer = render.generate_request(engine, job, request.headers.get("x-request-id"))
+        renders.remember(answer["request_id"], job.body)  # the conversation of a later token-in request
+        return JSONResponse(answer)
+
+    async def generate_tokens(request: Request) -> Response:
+        try:
+            body = await json_body(request)
+            job = engine.prepare(generate.chat_body(body, settings.vllm_release, renders))
+        except RequestError as exc:
+            return _error(exc)
+        if "5xx" in job.faults:
+            return _error(RequestError("injected upstream failure (fault: 5xx)", 500, "InternalServerError"))
+        request_id = generate.response_id(request.headers.get("x-request-id"), body)
+        shaper = generate.DerenderShaper(engine, job, engine.generate_all(job), request_id, int(time.time()),
+                                         settings.served_model_name)
+
+        async def flown():
+            async with control.flight(request_id) as flight:
+                async for piece in stream_chat(shaper, flight, settings):
+                    if piece:
+                        yield piece
+
+        return StreamingResponse(flown(), media_type="text/event-stream")
 
     async def models(request: Request) -> Response:
         now = int(time.time())
@@ -197,6 +221,7 @@ def create_app(settings: PolicySettings | None = None) -> Starlette:
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/chat/completions/render", render_chat, methods=["POST"]),
+        Route(generate.GENERATE_PATH, generate_tokens, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/version", version, methods=["GET"]),
