@@ -22,7 +22,9 @@ from producers.capture.durable import DurableWriter
 from producers.capture.lineage_index import LineageIndex
 from producers.capture.spool import Spool
 from producers.capture.version_clock import VersionClock
-from producers.engine.info import EngineCatalog, probe_prefix_supply
+from producers.engine.derender import GENERATE_PATH
+from producers.engine.generate_probe import probe_generate_stream
+from producers.engine.info import CHAT_PATH, EngineCatalog, probe_prefix_supply
 from producers.http import replies
 from producers.http.finished import FinishedRollouts
 from producers.metrics import InterceptorMetrics
@@ -122,11 +124,20 @@ def _replayable(request: httpx.Request) -> bool:
 
 async def probe_prefix_supply_of(settings: InterceptorSettings, upstream: httpx.AsyncClient,
                                  catalog: EngineCatalog) -> None:
-    """ConfigError (startup fails) unless the engine can take supplied prompt ids."""
+    """ConfigError (startup fails) unless the engine can take supplied prompt ids; notes on ``catalog`` whether it
+    streams derendered generations from them (vLLM 0.34's route for streamed calls)."""
     key = settings.upstream_api_key
     auth = {"authorization": f"Bearer {key.get_secret_value()}"} if key else {}
     info = await catalog.get(upstream, auth)
-    await probe_prefix_supply(upstream, auth, settings.upstream_model or (info.names[0] if info else None))
+    model = settings.upstream_model or (info.names[0] if info else None)
+    await probe_prefix_supply(upstream, auth, model)
+    why = await probe_generate_stream(upstream, auth, model)
+    catalog.streams_derender = not why
+    if why:
+        log.info("prefix supply sends ids as kv_transfer_params on %s (vLLM 0.32's way): %s", CHAT_PATH, why)
+    else:
+        log.info("prefix supply of streamed calls goes render -> %s (stream, derender): the engine offers it",
+                 GENERATE_PATH)
 
 
 def open_services(settings: InterceptorSettings, publisher: AckedProducer, upstream: httpx.AsyncClient, *,

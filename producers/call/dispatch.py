@@ -10,6 +10,8 @@ CallIncomplete(engine_timeout) naming the timeout, its value and the setting tha
 a 504 (or, mid-stream, an error event). These deadlines are the interceptor's own: httpx's timeouts do not
 apply to the in-process engine of the vLLM middleware.
 
+``send_stream`` sends a streamed call, its supplied ids vLLM 0.34's way when the engine offers it (render, then
+``/inference/v1/generate``).
 ``send_chat`` dispatches the chat request and returns the engine's response (status < 400, body unread) or
 an ``EngineFailure``; it only talks to the engine, so a caller may cancel it (the client left) without
 cutting a record short. ``record_failure`` records the failure and answers the harness: no answer at all
@@ -24,7 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,23 +35,26 @@ import orjson
 from starlette.responses import Response
 
 from producers.capture.core import Call, Outcome
+from producers.engine import derender
 from producers.engine.info import (
     CHAT_PATH,
+    RENDER_PATH,
     EngineCallError,
     context_refusal,
     engine_message,
     max_tokens_key,
+    post_json,
     prompt_tokens,
 )
 from producers.settings import InterceptorSettings
-from schemas.records import IncompleteReason
+from schemas.records import IncompleteReason, PrefixRoute
 
 if TYPE_CHECKING:
     from producers.dialects.base import DialectAdapter
     from producers.services import CaptureServices
 
 __all__ = ["REFUSED", "SERVED", "Deadlines", "EngineFailure", "StreamWatch", "auth_of", "record_failure", "refusal",
-           "send_chat"]
+           "send_chat", "send_stream"]
 
 log = logging.getLogger("tokentrail.interceptor")
 SERVED = (Outcome.CAPTURED, Outcome.INCOMPLETE)
@@ -154,12 +160,42 @@ class EngineFailure:
         return cls(reason, engine_message(content), status, content)
 
 
+async def send_stream(svc: CaptureServices, call: Call, body: dict[str, Any], headers: Mapping[str, str | bytes],
+                      deadlines: Deadlines, *, include_usage: bool) -> tuple[Any, Callable[[dict], dict] | None]:
+    """A streamed call's engine request: ``send_chat``'s answer, and the chunk translator when it went
+    vLLM 0.34's way (``derender.route_for``: supplied ids, an engine that streams derendered generations).
+
+    That way ``body`` (the chat request) is rendered and its GenerateRequest sent to
+    ``/inference/v1/generate`` with the ids in, streamed and derendered (``producers.engine.derender``).
+    A render that fails or answers another shape sends ``body`` on the chat route instead (ids as
+    kv_transfer_params, no translator): the call is served the 0.32 way, and its capture says so.
+    """
+    if derender.route_for(call.supplied_prefix is not None, True,
+                          svc.core.catalog.streams_derender) is not PrefixRoute.GENERATE:
+        return await send_chat(svc, call, body, headers, deadlines, stream=True), None
+    try:
+        async with asyncio.timeout_at(deadlines.end):
+            rendered = await post_json(svc.upstream, RENDER_PATH, auth_of(headers),
+                                       {k: v for k, v in body.items() if k != "kv_transfer_params"})
+        request = derender.generate_request(rendered, call.supplied_prefix or [], include_usage=include_usage)
+    except (EngineCallError, ValueError, TimeoutError) as exc:
+        log.warning("call %s goes the kv_transfer_params way: rendering it for %s failed (%s)",
+                    call.ctx.model_call_id, derender.GENERATE_PATH, exc or "timed out")
+        return await send_chat(svc, call, body, headers, deadlines, stream=True), None
+    call.prefix_route = PrefixRoute.GENERATE
+    answer = await send_chat(svc, call, request, headers, deadlines, stream=True, path=derender.GENERATE_PATH)
+    chunks = derender.DerenderChunks(str(rendered.get("request_id") or call.response_id), str(body.get("model") or ""),
+                                     int(time.time()))
+    return answer, chunks.chat_chunk
+
+
 async def send_chat(svc: CaptureServices, call: Call, body: dict[str, Any], headers: Mapping[str, str | bytes],
-                    deadlines: Deadlines, *, stream: bool) -> Any:
+                    deadlines: Deadlines, *, stream: bool, path: str = CHAT_PATH) -> Any:
     """The engine's response (status < 400, body unread), or an ``EngineFailure``; engine I/O only, no record.
 
     The answer's headers must come within the call's deadline and, for a stream, within its silence bound.
-    Cancelled (the client left), it closes what it opened.
+    Cancelled (the client left), it closes what it opened. Only the chat route (``path``) is retried with a
+    smaller budget after a context refusal: a GenerateRequest's budget is the render's.
     """
     loop = asyncio.get_running_loop()
     for attempt in (1, 2):
@@ -167,7 +203,7 @@ async def send_chat(svc: CaptureServices, call: Call, body: dict[str, Any], head
         try:
             async with asyncio.timeout_at(by):
                 # httpx takes str and bytes header values mixed; its type hint says one or the other.
-                request = svc.upstream.build_request("POST", CHAT_PATH, content=orjson.dumps(body),
+                request = svc.upstream.build_request("POST", path, content=orjson.dumps(body),
                                                      headers=headers)  # type: ignore[arg-type]
                 upstream = await svc.upstream.send(request, stream=True)
         except TimeoutError:
@@ -180,7 +216,7 @@ async def send_chat(svc: CaptureServices, call: Call, body: dict[str, Any], head
         try:
             async with asyncio.timeout_at(deadlines.end):
                 content = await upstream.aread()
-                if attempt == 1 and upstream.status_code == 400:
+                if attempt == 1 and upstream.status_code == 400 and path == CHAT_PATH:
                     budget = await _context_budget(svc, call, body, headers, content)
         except TimeoutError:
             return EngineFailure(IncompleteReason.ENGINE_TIMEOUT,

@@ -42,6 +42,7 @@ from producers.call.dispatch import (
     record_failure,
     refusal,
     send_chat,
+    send_stream,
     settled,
 )
 from producers.capture.core import Call
@@ -143,7 +144,9 @@ async def stream_call(svc: CaptureServices, call: Call, adapter: DialectAdapter,
     upstream_body["stream"] = True
     if adapter.spec.stream_usage:  # the translated terminal events report usage
         upstream_body["stream_options"] = {"include_usage": True}
-    upstream = await send_chat(svc, call, upstream_body, headers, deadlines, stream=True)
+    # convert: vLLM 0.34's derendered chunks into chat chunks, when the call's ids go that way (send_stream)
+    upstream, convert = await send_stream(svc, call, upstream_body, headers, deadlines,
+                                          include_usage=adapter.spec.stream_usage)
     if not await settled(intent):
         if not isinstance(upstream, EngineFailure):
             await upstream.aclose()  # the engine stops generating for a call nobody may see
@@ -152,7 +155,7 @@ async def stream_call(svc: CaptureServices, call: Call, adapter: DialectAdapter,
         return await record_failure(svc, call, adapter, upstream)
     link = ClientLink()
     link.pump = asyncio.get_running_loop().create_task(
-        _pump(svc, call, adapter, parsed, _Engine(upstream, upstream_body, headers), link, deadlines))
+        _pump(svc, call, adapter, parsed, _Engine(upstream, upstream_body, headers), link, deadlines, convert))
     svc.tasks.track(link.pump)
     return ClientStream(link)
 
@@ -170,7 +173,7 @@ class _Engine:
 
 
 async def _pump(svc: CaptureServices, call: Call, adapter: DialectAdapter, parsed: Any, upstream: _Engine,
-                link: ClientLink, deadlines: Deadlines) -> None:
+                link: ClientLink, deadlines: Deadlines, convert: Any = None) -> None:
     """Read the engine's stream to its end, forward it translated, then write the call's one record."""
     acc = ChatStreamAccumulator()
     out = adapter.stream_adapter(call.response_id, parsed)
@@ -182,7 +185,8 @@ async def _pump(svc: CaptureServices, call: Call, adapter: DialectAdapter, parse
         # ClientLink.closed() (the client left).
         try:
             relay_abort = svc.settings.abort_policy == "continue"
-            broke = await _relay(upstream.response, acc, out, link, watch, call, core.clock, relay_abort=relay_abort)
+            broke = await _relay(upstream.response, acc, out, link, watch, call, core.clock, relay_abort=relay_abort,
+                                 convert=convert)
             watch.stop()
             while broke is None and acc.finish_reason == "abort" and svc.settings.abort_policy == "continue" \
                     and call.continued < svc.settings.max_continuations:
@@ -283,10 +287,12 @@ def _tokens(acc: ChatStreamAccumulator) -> int:
 
 async def _relay(upstream: Any, acc: ChatStreamAccumulator, out: StreamAdapter, link: ClientLink,
                  watch: StreamWatch, call: Call, clock: VersionClock, *,
-                 continued: bool = False, relay_abort: bool = False) -> tuple[str, str] | None:
+                 continued: bool = False, relay_abort: bool = False, convert: Any = None) -> tuple[str, str] | None:
     """Forward the engine's chunks as they come; (reason, detail) when the stream cannot be completed.
 
     Each chunk that carries tokens is stamped with the announced version (``producers.capture.version_clock``).
+    ``convert`` turns a generate route's chunk into a chat chunk (``DerenderChunks.chat_chunk``; one call per
+    chunk on that route, none on the chat route); a chunk it refuses is CallIncomplete(partial_token_metadata).
     """
     versions = call.versions
     lines = upstream.aiter_lines()
@@ -311,6 +317,11 @@ async def _relay(upstream: Any, acc: ChatStreamAccumulator, out: StreamAdapter, 
             return IncompleteReason.STREAM_INTERRUPTED, f"engine chunk {acc.chunks + 1} is not a JSON object"
         if "error" in chunk and "choices" not in chunk:
             return IncompleteReason.UPSTREAM_ERROR, f"engine error after {acc.chunks} chunks: {chunk['error']}"
+        if convert is not None:
+            try:
+                chunk = convert(chunk)
+            except ValueError as exc:
+                return IncompleteReason.PARTIAL_TOKEN_METADATA, f"generate chunk {acc.chunks + 1}: {exc}"
         if continued:
             _drop_role(chunk)  # the harness's stream already opened its message
         before = len(acc.token_ids) if acc.token_ids else 0

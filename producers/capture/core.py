@@ -69,7 +69,15 @@ from schemas.policy_versions import (
     part_spans,
     versions_of,
 )
-from schemas.records import CallCaptured, CallStarted, IncompleteReason, ParentResolution, RolloutEvent, VersionSource
+from schemas.records import (
+    CallCaptured,
+    CallStarted,
+    IncompleteReason,
+    ParentResolution,
+    PrefixRoute,
+    RolloutEvent,
+    VersionSource,
+)
 
 __all__ = ["Call", "CaptureCore", "Outcome"]
 
@@ -100,6 +108,7 @@ class Call:
     body: dict[str, Any] = field(default_factory=dict)  # the chat request fitted to the engine
     prefix_requested: bool = False  # prefix supply is on and the resolved parent's ids are known
     supplied_prefix: list[int] | None = None  # prompt ids sent; the engine must report exactly these
+    prefix_route: str = PrefixRoute.NONE  # which engine route the supplied ids went to (recorded on the capture)
     started: float = 0.0
     answer: Any = None  # what ``complete``'s ``prepare`` built for the harness
     failure: str = ""  # the recorded detail when the call was not captured
@@ -197,6 +206,7 @@ class CaptureCore:
             kv = dict(kv) if isinstance(kv, dict) else {}
             kv["prompt_token_ids"] = call.supplied_prefix
             out["kv_transfer_params"] = kv
+            call.prefix_route = PrefixRoute.CHAT  # unless a streamed call is sent the 0.34 way (call.dispatch)
         return out
 
     def cache_salt(self, call: Call, *, part: int = 0) -> str:
@@ -290,10 +300,12 @@ class CaptureCore:
         prefix_supplied = False
         if call.supplied_prefix is not None:
             if tokens.prompt_token_ids != call.supplied_prefix:
+                how = (f"as the token_ids of POST {call.prefix_route}" if call.prefix_route == PrefixRoute.GENERATE
+                       else "as kv_transfer_params.prompt_token_ids")
                 return await self._incomplete_outcome(
                     call, IncompleteReason.PREFIX_NOT_APPLIED,
                     f"the engine reported {len(tokens.prompt_token_ids)} prompt ids, not the "
-                    f"{len(call.supplied_prefix)} supplied as kv_transfer_params.prompt_token_ids; serve with vLLM >= 0.32 (which honours them) "
+                    f"{len(call.supplied_prefix)} supplied {how}; serve with vLLM >= 0.32 (which honours them) "
                     "or turn prefix supply off", Outcome.PREFIX_FAILED)
             prefix_supplied = True
         message = choice.get("message") or {}
@@ -337,7 +349,8 @@ class CaptureCore:
         """Stamp the request-time decision; store only the new prompt tokens when the parent is verified."""
         res = call.resolution
         updates: dict[str, Any] = {"prefix_requested": call.prefix_requested,
-                                   "prefix_supplied": prefix_supplied}
+                                   "prefix_supplied": prefix_supplied,
+                                   "prefix_route": str(call.prefix_route) if prefix_supplied else ""}
         if res.status is ParentResolution.RESOLVED and res.parent is not None:
             parent = res.parent
             updates.update(parent_resolution=ParentResolution.RESOLVED, parent_call_id=parent.call_id,

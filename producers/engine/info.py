@@ -105,6 +105,9 @@ class EngineCatalog:
 
     def __init__(self) -> None:
         self.info: EngineInfo | None = None
+        # Learned once at startup (``generate_probe``), never per call: the engine streams derendered
+        # generations from supplied ids (vLLM >= 0.34), so prefix supply of streamed calls takes that route.
+        self.streams_derender = False
         self._attempt: asyncio.Future[EngineInfo | None] | None = None
         self._logged: set[tuple[Any, Any]] = set()
 

@@ -4,9 +4,10 @@
 (a) every request the interceptor sends the engine: the chat body of each dialect (chat, Anthropic
     Messages, Responses; streaming and not, with the capture's fields: return_token_ids, logprobs,
     top_logprobs, include_reasoning, return_weight_versions), the prefix-supply render bodies and
-    kv_transfer_params, and the startup probe: each key a field of 0.34's request model, of a type it takes;
-(b) every answer of the stand-in engine (JSON, stream chunks, usage chunk, render, tokenize, errors,
-    checkpoint state) to 0.34's response models as 0.34 serialises them (keys it omits instead of null
+    kv_transfer_params, the GenerateRequest of streamed calls' supplied ids (/inference/v1/generate,
+    stream and derender), and the startup probes: each key a field of 0.34's request model, of a type it takes;
+(b) every answer of the stand-in engine (JSON, stream chunks, usage chunk, render, tokenize, the
+    derendered generate stream, errors, checkpoint state) to 0.34's response models as 0.34 serialises them (keys it omits instead of null
     are omitted);
 
 and shows the check can fail: a field renamed in a copy of the description, a null 0.34 leaves out, a
@@ -179,7 +180,8 @@ async def recorded(publisher) -> RecordingEngine:
 
 
 REQUEST_MODELS = {"/v1/chat/completions": "ChatCompletionRequest",
-                  "/v1/chat/completions/render": "ChatCompletionRequest", "/tokenize": "TokenizeChatRequest"}
+                  "/v1/chat/completions/render": "ChatCompletionRequest", "/tokenize": "TokenizeChatRequest",
+                  "/inference/v1/generate": "GenerateRequest"}
 
 
 def test_the_description_is_0_34_from_its_wheel():
@@ -196,6 +198,9 @@ async def test_every_request_tokentrail_sends_fits_0_34s_request_models(recorded
     sent = {e.path for e in recorded.exchanges}
     assert {"/v1/chat/completions", "/v1/chat/completions/render"} <= sent, sent
     assert sent <= {*REQUEST_MODELS, "/v1/models"}, sent
+    generated = [e.request for e in recorded.exchanges if e.path == "/inference/v1/generate"]
+    assert len(generated) >= 2  # the startup probe, and the streamed chat turn whose ids were supplied (0.34 way)
+    assert all(g["output_mode"] == "derender" and g["stream"] and g["return_token_ids"] for g in generated)
     bodies = [e.request for e in recorded.exchanges if e.path == "/v1/chat/completions" and "tools" in e.request]
     assert len(bodies) >= 8  # the harnesses' calls (not the startup probe)
     assert all(b["return_token_ids"] and b["logprobs"] and b["return_weight_versions"] for b in bodies)
@@ -222,6 +227,8 @@ def _answers(e: Exchange) -> list[tuple[Any, str, str]]:
         return [(e.answer, "GenerateRequest", "dump")]
     if e.path == "/tokenize":
         return [(e.answer, "TokenizeResponse", "dump")]
+    if e.path == "/inference/v1/generate":
+        return [(c, "GenerateDerenderStreamResponse", "chunk" if c["choices"] else "exclude_none") for c in e.answer]
     if not e.stream:
         return [(e.answer, "ChatCompletionResponse", "dump")]
     return [(c, "ChatCompletionStreamResponse", "chunk" if c["choices"] else "exclude_none") for c in e.answer]

@@ -126,7 +126,8 @@ async def test_supplied_ids_keep_the_sampled_tokens_of_the_parent(over_engine, p
     assert child.parent_resolution is ParentResolution.RESOLVED and child.parent_call_id == parent.model_call_id
     assert child.prefix_requested and child.prefix_supplied and child.prompt_is_delta
     assert cum + child.prompt_token_ids == sent  # the delta is exactly the supplied new turns
-    assert engine.paths().count("/v1/chat/completions/render") == 1 + 2  # startup probe + (a) and (b)
+    assert engine.paths().count("/v1/chat/completions/render") == 2 + 2  # startup probes + (a) and (b)
+    assert child.prefix_route == "/v1/chat/completions"  # no token-in stream here: the 0.32 way
 
 
 async def test_without_supply_the_rerendered_history_loses_the_reasoning(over_engine, publisher):
@@ -193,5 +194,8 @@ async def test_the_startup_probe_uses_the_served_model_and_the_engine_key(over_e
     engine = FakeVLLM(served=("qwen-policy",), api_key="k-engine")
     await over_engine(engine, prefix_supply=True, upstream_api_key="k-engine")
     probe = [r for r in engine.requests if r["path"] != "/v1/models"]
-    assert [r["body"]["model"] for r in probe] == ["qwen-policy", "qwen-policy"]
+    # The kv_transfer_params probe (render, chat) and the token-in route's (a render this engine answers
+    # without parse_context: not vLLM 0.34's, so no generate request follows).
+    assert [r["body"]["model"] for r in probe] == ["qwen-policy"] * 3
+    assert [r["path"] for r in probe][-1] == "/v1/chat/completions/render"
     assert all(r["headers"]["authorization"] == "Bearer k-engine" for r in engine.requests)
