@@ -22,7 +22,8 @@ Guarantees of ``chat_chunk``:
   exactly one entry per id, raises ``DerenderError`` naming the chunk's field and counts; the caller
   records the call as incomplete (masked), never guesses which id a text or log-prob belongs to.
 * A chunk without ``choices`` (vLLM's error event) is returned unchanged, for the caller to record.
-* One flat function per chunk: a fixed number of lookups, no loop over tokens, no copy of the arrays.
+* One flat function per chunk: a fixed number of lookups, no loop over tokens, no copy of the arrays
+  (a tool-call step also rebuilds its few tool-call deltas without their nulls: ``_chat_delta``).
   Fields the chat shape has no place for are left out: ``sampling_mask``, ``routed_experts`` (the chat
   stream's are not captured either), ``metrics``, ``mm_placeholders``, ``output_mode``, ``request_id``.
 """
@@ -112,7 +113,7 @@ class DerenderChunks:
                 got = len(entries) if type(entries) is list else "no"
                 raise DerenderError(f"choices[0] carries {len(ids)} token id(s) and {got} logprobs.content "
                                     "entries: which log-prob belongs to which id is ambiguous")
-        choice = {"index": source.get("index", 0), "delta": source.get("delta") or {}, "logprobs": logprobs,
+        choice = {"index": source.get("index", 0), "delta": _chat_delta(source.get("delta")), "logprobs": logprobs,
                   "finish_reason": source.get("finish_reason"), "stop_reason": source.get("stop_reason"),
                   "token_ids": ids}
         versions = source.get("weight_versions")
@@ -120,3 +121,36 @@ class DerenderChunks:
             choice["weight_versions"] = versions
         choices[0] = choice  # in place: the chunk is this call's own (a second choice stays, for read_chunk to refuse)
         return out
+
+
+def _chat_delta(delta: Any) -> Any:
+    """The delta as the chat route sends it: only the keys that say something.
+
+    0.34 dumps a derendered delta whole (``role``, ``content``, ``reasoning`` null when unset, and
+    each tool-call delta's ``id``, ``type``, ``function.name``/``arguments``), where the chat route
+    sends only what is set (``exclude_unset``). Clients merge deltas by key: the OpenAI SDK takes
+    a later ``"type": null`` for a changed tool-call type and fails, so nulls are dropped here.
+    """
+    if type(delta) is not dict:
+        return delta or {}  # read_chunk refuses a delta of another type, naming it
+    out = {}
+    for key in ("role", "content", "reasoning"):
+        value = delta.get(key)
+        if value is not None:
+            out[key] = value
+    calls = delta.get("tool_calls")
+    if calls:
+        out["tool_calls"] = [_tool_delta(call) for call in calls] if type(calls) is list else calls
+    return out
+
+
+def _tool_delta(call: Any) -> Any:
+    if type(call) is not dict:
+        return call  # read_chunk refuses it, naming it
+    out = {key: call[key] for key in ("index", "id", "type") if call.get(key) is not None}
+    function = call.get("function")
+    if type(function) is dict:
+        out["function"] = {key: function[key] for key in ("name", "arguments") if function.get(key) is not None}
+    elif function is not None:
+        out["function"] = function
+    return out

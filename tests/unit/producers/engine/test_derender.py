@@ -153,3 +153,16 @@ def test_one_chunk_costs_the_same_python_calls_whatever_its_token_count():
     one = _calls(chunks.chat_chunk, _chunk([5]))
     many = _calls(chunks.chat_chunk, _chunk(list(range(64))))
     assert one == many <= 20, (one, many)
+
+
+def test_nulls_of_a_derendered_delta_are_dropped_as_the_chat_route_never_sends_them():
+    # A later tool-call delta dumped whole: the OpenAI SDK's stream merge fails on "type": null.
+    delta = {"role": None, "content": None, "reasoning": None, "tool_calls": [
+        {"id": None, "type": None, "index": 0, "function": {"name": None, "arguments": "{\"a\""}}]}
+    out = DerenderChunks("c", "m", 0).chat_chunk(_chunk([5], delta=delta))
+    assert out["choices"][0]["delta"] == {"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\""}}]}
+    first = {"role": "assistant", "content": None, "reasoning": "hm", "tool_calls": [
+        {"id": "call_1", "type": "function", "index": 0, "function": {"name": "Bash", "arguments": None}}]}
+    out = DerenderChunks("c", "m", 0).chat_chunk(_chunk([5], delta=first))
+    assert out["choices"][0]["delta"] == {"role": "assistant", "reasoning": "hm", "tool_calls": [
+        {"index": 0, "id": "call_1", "type": "function", "function": {"name": "Bash"}}]}
