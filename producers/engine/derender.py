@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from schemas.errors import ContractError
 from schemas.records import PrefixRoute
 
 __all__ = ["GENERATE_PATH", "DerenderChunks", "DerenderError", "generate_request", "route_for"]
@@ -41,7 +42,7 @@ _FIX = ("serve with vLLM >= 0.34, whose render route answers a GenerateRequest w
         "interceptor falls back to kv_transfer_params on /v1/chat/completions")
 
 
-class DerenderError(ValueError):
+class DerenderError(ContractError, ValueError):
     """A generate chunk whose token fields cannot be taken as they are (the call is masked, not guessed)."""
 
 
