@@ -39,6 +39,8 @@ async def probe_generate_stream(client: httpx.AsyncClient, headers: Mapping[str,
     try:
         rendered = await post_json(client, RENDER_PATH, headers, body)
         ids = rendered.get("token_ids") if isinstance(rendered, dict) else None
+        if not isinstance(ids, list):
+            raise ValueError(f"its render answered no token_ids list ({str(rendered)[:200]})")
         request = generate_request(rendered, ids, include_usage=False)  # ValueError unless 0.34's shape
         chunks = await post_stream(client, GENERATE_PATH, headers, request)
         translate = DerenderChunks("probe", "probe", 0).chat_chunk
@@ -57,8 +59,8 @@ async def post_stream(client: httpx.AsyncClient, path: str, headers: Mapping[str
     """The JSON data events of a short SSE answer (at most ``limit`` bytes: a probe's); EngineCallError otherwise."""
     try:
         # httpx takes str and bytes header values mixed; its type hint says one or the other.
-        request = client.build_request("POST", path, headers={**headers, "content-type": "application/json"},
-                                       content=orjson.dumps(body))  # type: ignore[arg-type]
+        sent: Any = {**headers, "content-type": "application/json"}
+        request = client.build_request("POST", path, headers=sent, content=orjson.dumps(body))
         response = await client.send(request, stream=True)
     except Exception as exc:  # in-process upstreams raise anything, not only httpx errors
         raise EngineCallError(f"POST {path}: engine unreachable ({exc!r})") from exc
