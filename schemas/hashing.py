@@ -12,7 +12,8 @@ different version, so a silent change would unlink every rollout in flight.
 - ``assistant_fingerprint(items)``: the lookup key of a request, the hash of its
   model-authored turns only (assistant messages, Responses ``function_call``
   items; reasoning is deliberately left out because harnesses need not echo it).
-  ``""`` when there is no model-authored turn (the call is a root).
+  ``""`` when there is no model-authored turn (the call is a root). ``FingerprintHasher`` gives
+  the same hashes incrementally (a request's, then the request and its answer's).
 - ``conversation_digest(items)``: the verifier, a hash of every item's role or
   type, content parts, tool calls and tool results.
 - ``text_digest(text)``: SHA-256 over the domain ``tokentrail-opening-text``, a zero
@@ -100,7 +101,34 @@ def canonicalize_tool_arguments(value: Any) -> str:
 
 def assistant_fingerprint(items: list[dict[str, Any]]) -> str:
     """Lookup key of a request: the hash of its model-authored turns, in order."""
-    hasher = hashlib.sha256(_FINGERPRINT_DOMAIN)
+    return FingerprintHasher(items).hexdigest()
+
+
+class FingerprintHasher:
+    """Incremental ``assistant_fingerprint``: ``extended(more)`` is ``assistant_fingerprint(items + more)``.
+
+    A capture's continuation fingerprint (request items + the answer's items) then hashes only the
+    answer: the request's items were hashed once, for its lookup key. Never mutated after ``__init__``.
+    """
+
+    __slots__ = ("_authored", "_h")
+
+    def __init__(self, items: list[dict[str, Any]] | None = None) -> None:
+        self._h = hashlib.sha256(_FINGERPRINT_DOMAIN)
+        self._authored = _fingerprint_items(self._h, items)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest() if self._authored else ""
+
+    def extended(self, more: list[dict[str, Any]]) -> str:
+        """``assistant_fingerprint(items + more)``, hashing ``more`` only."""
+        hasher = self._h.copy()
+        authored = self._authored + _fingerprint_items(hasher, more)
+        return hasher.hexdigest() if authored else ""
+
+
+def _fingerprint_items(hasher: Any, items: list[dict[str, Any]] | None) -> int:
+    """Hash the model-authored turns of ``items`` into ``hasher``; how many there were."""
     authored = 0
     for item in items or []:
         _require_object(item)
@@ -114,7 +142,7 @@ def assistant_fingerprint(items: list[dict[str, Any]]) -> str:
             _update(hasher, b"\x02", call_id)
             _update(hasher, b"\x03", name)
             _update(hasher, b"\x04", arguments)
-    return hasher.hexdigest() if authored else ""
+    return authored
 
 
 def conversation_digest(items: list[dict[str, Any]]) -> str:

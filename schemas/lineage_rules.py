@@ -115,13 +115,16 @@ def select_parent(
     fingerprint: str,
     items: list[dict[str, Any]],
     candidates: Callable[[], Sequence[C] | None],
+    prefixes: Sequence[str] | None = None,
 ) -> ParentSelection[C]:
     """The request-time parent of a request (see the module docstring).
 
     ``candidates()`` returns the earlier calls whose continuation fingerprint is
     ``fingerprint``, or None when the index has never seen the rollout. It is
     called only for a request with a fingerprint, and the request's context
-    digests are computed only when there is a candidate to compare them with.
+    digests are computed only when there is a candidate to compare them with,
+    unless the caller hashed them already: ``prefixes``, exactly
+    ``conversation_prefix_digests(items)``.
     """
     if not fingerprint:
         return ParentSelection(ParentResolution.ROOT)
@@ -129,7 +132,8 @@ def select_parent(
     if found is None:
         return ParentSelection(ParentResolution.UNRESOLVED, reason=INDEX_COLD)
     if found:
-        prefixes = conversation_prefix_digests(items)
+        if prefixes is None:
+            prefixes = conversation_prefix_digests(items)
         found = [
             c for c in found
             if c.context_digest and c.context_len < len(prefixes) and prefixes[c.context_len] == c.context_digest

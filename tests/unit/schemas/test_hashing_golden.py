@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from schemas.hashing import (
+    FingerprintHasher,
     assistant_fingerprint,
     canonicalize_tool_arguments,
     compute_digest,
@@ -81,6 +82,25 @@ def test_compute_digest_rejects_negative_ids_naming_the_value():
 )
 def test_assistant_fingerprint_golden(items, expected):
     assert assistant_fingerprint(items) == expected
+
+
+@pytest.mark.parametrize("cut", [0, 1, 2])
+def test_an_extended_fingerprint_is_the_fingerprint_of_the_joined_items(cut):
+    """A capture's continuation fingerprint hashes only the answer (FingerprintHasher.extended): the same bytes."""
+    conversation = [
+        {"role": "user", "content": "find x"},
+        {"role": "assistant", "content": "calling", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"q": "x"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "x is 3"},
+    ]
+    answer = [{"role": "assistant", "content": "x is 3"}]
+    request = conversation[:cut]
+    hasher = FingerprintHasher(request)
+    assert hasher.hexdigest() == assistant_fingerprint(request)
+    assert hasher.extended(answer) == assistant_fingerprint(request + answer)
+    assert hasher.extended(conversation[cut:]) == assistant_fingerprint(conversation)
+    assert hasher.extended([]) == assistant_fingerprint(request)  # extending twice: the state is left as it was
+    assert FingerprintHasher([]).extended([{"role": "user", "content": "hi"}]) == ""  # still a root
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,15 @@ def test_selection_outcomes():
     assert (two.status, two.parent, two.reason) == (ParentResolution.UNRESOLVED, None, AMBIGUOUS)
 
 
+def test_prefixes_hashed_by_the_caller_decide_as_the_rule_hashes_them():
+    prefixes = conversation_prefix_digests(ITEMS)
+    for found in ([_cand("a")], [_cand("b"), _cand("a")], [_cand("a"), _cand("b", digest="other")],
+                  [dataclasses.replace(_cand("a"), context_digest="x" * 64)]):
+        assert select_parent("fp", ITEMS, lambda f=found: f, prefixes) == select_parent("fp", ITEMS, lambda f=found: f)
+    # The caller's digests are the ones compared: the items are not hashed again.
+    assert select_parent("fp", [], lambda: [_cand("a")], prefixes).status is ParentResolution.RESOLVED
+
+
 def test_candidates_are_only_looked_up_for_a_request_with_a_fingerprint():
     def boom():
         raise AssertionError("looked up")
