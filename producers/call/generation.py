@@ -101,7 +101,7 @@ async def handle_generation(svc: CaptureServices, request: Request, rollout_id: 
                 engine = await core.catalog.get(svc.upstream, auth_of(upstream_headers))
         except TimeoutError:
             engine = None
-        call = core.begin(rollout_id, api_path, adapter.spec, parsed, body, headers, started, engine)
+        call = core.begin(core.describe(rollout_id, api_path, adapter.spec, parsed, body, headers, engine), started)
         intent = await core.announce(call)  # produced now; durable before the harness sees anything
         deadlines = Deadlines.start(svc.settings)  # the engine's time starts with its first request
         if call.prefix_requested:

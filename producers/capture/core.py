@@ -4,9 +4,10 @@
 its writer, lineage index and engine catalog are never missing. It knows no HTTP
 framework; ``producers.call.generation`` is the HTTP side of a call.
 
-Per call: ``begin`` hashes the request and resolves its parent once, before
-dispatch, and fits the request to the engine (the sampling pin, a model name
-the engine serves, an output budget within its ``max_model_len``); ``announce``
+Per call, before dispatch: ``describe`` hashes the request and fits it to the
+engine (the sampling pin, a model name the engine serves, an output budget
+within its ``max_model_len``), touching no state of the core (a large request's
+runs in a worker thread); ``begin`` then resolves its parent once; ``announce``
 hands the call's CallStarted intent to the writer before anything is dispatched
 and resolves once it is durable (the engine works meanwhile; the harness gets no
 byte of an answer before it resolved True);
@@ -79,7 +80,7 @@ from schemas.records import (
     VersionSource,
 )
 
-__all__ = ["Call", "CaptureCore", "Outcome"]
+__all__ = ["Call", "CaptureCore", "Described", "Outcome"]
 
 log = logging.getLogger("tokentrail.interceptor")
 
@@ -103,7 +104,7 @@ class Call:
 
     ctx: CallContext
     resolution: Resolution
-    context_digests: list[str]
+    context_digest: str  # conversation_digest(ctx.items): the continuation context a capture records
     spec: DialectSpec  # the harness's dialect: its wire symbol and response-id prefix
     body: dict[str, Any] = field(default_factory=dict)  # the chat request fitted to the engine
     prefix_requested: bool = False  # prefix supply is on and the resolved parent's ids are known
@@ -126,6 +127,17 @@ class Call:
         return self.spec.response_id(self.ctx.model_call_id)
 
 
+@dataclass(slots=True)
+class Described:
+    """A request as ``CaptureCore.describe`` read it, before the core's state is consulted (``begin``)."""
+
+    ctx: CallContext
+    spec: DialectSpec
+    prefixes: list[str]  # conversation_prefix_digests(ctx.items): one per prefix, the whole context's last
+    body: dict[str, Any]  # the chat request fitted to the engine
+    substituted: tuple[Any, Any] | None = None  # (requested, sent) model names when the model was replaced
+
+
 class CaptureCore:
     """Decides and writes each call's one record; ``clock`` is the announced policy version (topic, admin route)."""
 
@@ -143,12 +155,13 @@ class CaptureCore:
         self.catalog = catalog if catalog is not None else EngineCatalog()
 
     # -- before dispatch ------------------------------------------------------------
-    def begin(self, rollout_id: str, route: str, spec: DialectSpec, parsed: ParsedRequest,
-              body: dict[str, Any], headers: dict[str, str], started: float | None = None,
-              engine: EngineInfo | None = None) -> Call:
-        started = time.perf_counter() if started is None else started
+    def describe(self, rollout_id: str, route: str, spec: DialectSpec, parsed: ParsedRequest,
+                 body: dict[str, Any], headers: dict[str, str], engine: EngineInfo | None = None) -> Described:
+        """A request's per-message work, before dispatch: its items, facts, fingerprint and context digests,
+        and the chat body fitted to ``engine``. Reads the settings and its arguments only and writes no state
+        of the core, so a large request's may run in a worker thread (``producers.call.large_bodies``)."""
         dialect = spec.wire
-        upstream, clamped = self._fitted(parsed.chat_body, engine)
+        upstream, clamped, substituted = self._fitted(parsed.chat_body, engine)
         ctx = CallContext(
             rollout_id=rollout_id,
             route=route,
@@ -158,10 +171,19 @@ class CaptureCore:
                              system=parsed.system, tools=parsed.tools, streamed=parsed.stream,
                              logprobs_mode=self.settings.logprobs_mode, max_tokens_clamped=clamped),
         )
-        digests = conversation_prefix_digests(ctx.items)
-        resolution = self.index.resolve(rollout_id, ctx.items, ctx.request_fingerprint)
-        call = Call(ctx, resolution, digests, spec, body=upstream, started=started)
-        call.retry_of = self._aborted.pop((rollout_id, digests[-1]), "") if digests else ""
+        return Described(ctx, spec, conversation_prefix_digests(ctx.items), upstream, substituted)
+
+    def begin(self, described: Described, started: float | None = None) -> Call:
+        """The call of a described request: its parent resolved once (the lineage index), and whether it
+        retries an aborted call. Reads and writes the core's state: on the event loop only."""
+        started = time.perf_counter() if started is None else started
+        ctx, digests = described.ctx, described.prefixes
+        if described.substituted is not None:
+            self.catalog.note_substitution(*described.substituted)
+        resolution = self.index.resolve(ctx.rollout_id, ctx.items, ctx.request_fingerprint, digests)
+        # Only the whole context's digest is kept: a prefix digest per item would be held for the call's life.
+        call = Call(ctx, resolution, digests[-1], described.spec, body=described.body, started=started)
+        call.retry_of = self._aborted.pop((ctx.rollout_id, digests[-1]), "")
         parent = resolution.parent
         call.prefix_requested = bool(self.settings.prefix_supply and parent is not None
                                      and parent.cum_tokens is not None)
@@ -233,21 +255,21 @@ class CaptureCore:
         upstream_body[key] = call.body[key] = value
         call.ctx.facts = with_sent_max_tokens(call.ctx.facts, upstream_body)
 
-    def _fitted(self, chat_body: dict[str, Any], engine: EngineInfo | None) -> tuple[dict[str, Any], bool]:
-        """The chat body with the sampling pin, a model the engine serves and a budget it can take."""
+    def _fitted(self, chat_body: dict[str, Any], engine: EngineInfo | None) -> tuple[dict[str, Any], bool, Any]:
+        """The chat body with the sampling pin, a model the engine serves and a budget it can take; whether
+        the budget was clamped; (requested, sent) when the model was substituted (``begin`` logs it)."""
         out = dict(chat_body)
         out.update(self.settings.sampling_overrides)
         forced = self.settings.upstream_model
         if engine is None:
             if forced:
                 out["model"] = forced
-            return out, False
+            return out, False, None
         requested = out.get("model")
         model, why = engine.choose(requested, forced)
         if model is not None:
             out["model"] = model
-        if why == "substituted":
-            self.catalog.note_substitution(requested, model)
+        substituted = (requested, model) if why == "substituted" else None
         limit = engine.max_model_len(model)
         key = max_tokens_key(out)
         asked = out.get(key)
@@ -255,8 +277,8 @@ class CaptureCore:
             # It can never be served. vLLM then caps it at max_model_len - prompt itself
             # (get_max_tokens); an engine that refuses instead is retried with the exact rest.
             out[key] = limit
-            return out, True
-        return out, False
+            return out, True, substituted
+        return out, False, substituted
 
     # -- after the engine answered ---------------------------------------------------
     async def complete(self, call: Call, data: dict[str, Any], prepare: Callable[[], Any] | None = None) -> Outcome:
@@ -271,10 +293,9 @@ class CaptureCore:
         choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
         finish = choice.get("finish_reason")
         if finish == "abort":
-            if call.context_digests:
-                self._aborted[(ctx.rollout_id, call.context_digests[-1])] = ctx.model_call_id
-                while len(self._aborted) > _ABORTED_MEMORY:
-                    self._aborted.popitem(last=False)
+            self._aborted[(ctx.rollout_id, call.context_digest)] = ctx.model_call_id
+            while len(self._aborted) > _ABORTED_MEMORY:
+                self._aborted.popitem(last=False)
             return await self._incomplete_outcome(
                 call, IncompleteReason.ABORTED, "the engine aborted the generation (vLLM finish_reason 'abort': "
                 "paused for a weight sync, or /abort_requests); the harness was told to retry", Outcome.ABORTED)
@@ -317,7 +338,7 @@ class CaptureCore:
                                                   f"the engine's weight_versions cannot be used: {exc}")
         captured = captured_call(
             ctx, tokens, items, carrier, served_model=str(data.get("model") or ""), response_id=call.response_id,
-            context_digest=call.context_digests[-1], finish_reason=str(finish or ""), **versions,
+            context_digest=call.context_digest, finish_reason=str(finish or ""), **versions,
         )
         captured = self._with_lineage(call, captured, tokens.prompt_token_ids, prefix_supplied)
         try:

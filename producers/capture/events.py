@@ -20,7 +20,7 @@ from typing import Any
 
 from producers.capture.trace_facts import TRACE_HEADER, agent_name, opening_text_digests, opening_user_items
 from producers.engine.extract import EngineTokens
-from schemas.hashing import FINGERPRINT_VERSION, assistant_fingerprint, compute_digest, conversation_digest
+from schemas.hashing import FINGERPRINT_VERSION, FingerprintHasher, compute_digest, conversation_digest
 from schemas.ids import new_event_id, new_model_call_id
 from schemas.records import (
     CallCaptured,
@@ -77,9 +77,16 @@ class CallContext:
     model_call_id: str = field(default_factory=new_model_call_id)
     created_at: float = field(default_factory=time.time)
     request_fingerprint: str = ""
+    # ``items`` hashed once: the continuation fingerprint then hashes only the answer's items.
+    _fingerprint: FingerprintHasher = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.request_fingerprint = assistant_fingerprint(self.items)
+        self._fingerprint = FingerprintHasher(self.items)
+        self.request_fingerprint = self._fingerprint.hexdigest()
+
+    def continuation_fingerprint(self, output_items: list[dict[str, Any]]) -> str:
+        """``assistant_fingerprint(items + output_items)``, hashing ``output_items`` only."""
+        return self._fingerprint.extended(output_items)
 
 
 def call_facts(
@@ -172,7 +179,7 @@ def captured_call(
         cum_len=len(full),
         digest=compute_digest(full),
         request_fingerprint=ctx.request_fingerprint,
-        continuation_fingerprint=assistant_fingerprint(ctx.items + output_items),
+        continuation_fingerprint=ctx.continuation_fingerprint(output_items),
         continuation_context_len=len(ctx.items),
         continuation_context_digest=context_digest if context_digest is not None else conversation_digest(ctx.items),
         fingerprint_version=FINGERPRINT_VERSION,

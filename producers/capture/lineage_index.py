@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,9 +61,12 @@ class LineageIndex:
     def __len__(self) -> int:
         return len(self._rollouts)
 
-    def resolve(self, rollout_id: str, items: list[dict[str, Any]], fingerprint: str) -> Resolution:
-        """The parent decision for a request, computed once, before dispatch."""
-        return select_parent(fingerprint, items, lambda: self._candidates(rollout_id, fingerprint))
+    def resolve(self, rollout_id: str, items: list[dict[str, Any]], fingerprint: str,
+                prefixes: Sequence[str] | None = None) -> Resolution:
+        """The parent decision for a request, computed once, before dispatch (``prefixes``: its context
+        digests when already hashed, ``schemas.lineage_rules.select_parent``). Reads and reorders the
+        index: call it on the event loop only."""
+        return select_parent(fingerprint, items, lambda: self._candidates(rollout_id, fingerprint), prefixes)
 
     def _candidates(self, rollout_id: str, fingerprint: str) -> list[IndexedCall] | None:
         """The indexed calls with this continuation fingerprint; None when the rollout is not indexed."""

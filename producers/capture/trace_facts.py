@@ -169,7 +169,13 @@ def opening_text_digests(items: list[Any]) -> list[str]:
 
 
 class _OpeningDigestMemo:
-    """``text_digest(text)`` of the ``size`` texts last asked for, keyed by the SHA-256 of their UTF-8."""
+    """``text_digest(text)`` of the ``size`` texts last asked for, keyed by the SHA-256 of their UTF-8.
+
+    Safe to call from several threads at once (a large request body is described in a worker thread,
+    ``producers.call.large_bodies``) without a lock: each OrderedDict operation is atomic under the GIL,
+    and the two another thread can undo in between (an entry evicted before it is moved to the end, the
+    last entry popped twice) are tolerated. A race costs at most a recomputation, never a wrong digest.
+    """
 
     __slots__ = ("size", "_digests")
 
@@ -181,11 +187,17 @@ class _OpeningDigestMemo:
         key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
         found = self._digests.get(key)
         if found is not None:
-            self._digests.move_to_end(key)
+            try:
+                self._digests.move_to_end(key)
+            except KeyError:  # evicted by another thread meanwhile; the digest found is still its digest
+                pass
             return found
         found = self._digests[key] = text_digest(text)
         if len(self._digests) > self.size:
-            self._digests.popitem(last=False)
+            try:
+                self._digests.popitem(last=False)
+            except KeyError:  # emptied by other threads meanwhile
+                pass
         return found
 
 
