@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 from starlette.requests import Request
 
+from producers.call.large_bodies import LargeBodies
 from producers.capture.core import CaptureCore
 from producers.capture.durable import DurableWriter
 from producers.capture.lineage_index import LineageIndex
@@ -59,7 +60,8 @@ class CaptureServices:
     catalog, admin policy version); ``upstream`` is the engine; ``settings`` carries the
     header policy (``upstream_api_key``) and the control token; ``tasks`` keeps stream
     pumps alive; ``metrics`` and ``source`` are the core's own; ``finished`` is the book of
-    the rollouts this interceptor finished (``producers.http.finished``).
+    the rollouts this interceptor finished (``producers.http.finished``); ``bodies`` the threads large
+    request bodies are prepared in (``producers.call.large_bodies``).
     """
 
     core: CaptureCore
@@ -69,6 +71,7 @@ class CaptureServices:
     metrics: InterceptorMetrics
     source: str
     finished: FinishedRollouts = field(default_factory=FinishedRollouts)
+    bodies: LargeBodies = field(default_factory=LargeBodies)
 
     def upstream_headers(self, request: Request) -> dict[str, str | bytes]:
         """The harness's headers for the engine, under this interceptor's credential policy."""

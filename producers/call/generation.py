@@ -22,6 +22,10 @@ A request that cannot be read (not JSON, not an object, nested deeper than
 ``producers.http.json_limits.MAX_JSON_DEPTH``) or that the dialect refuses is a 400 in the caller's dialect naming
 the field; nothing is recorded and nothing reaches the engine.
 
+A body over ``producers.call.large_bodies.LARGE_BODY_BYTES`` is read (``read_request``) and described
+(``CaptureCore.describe``) in the large-body lane's thread, so the event loop serves other requests meanwhile;
+the same functions run, with the same results and errors. A smaller one is read and described on the loop.
+
 Engine errors are recorded with the engine's message (``producers.call.dispatch``): no answer at all or a 5xx
 is CallIncomplete(upstream_error), a 4xx CallIncomplete(engine_rejected), no answer within
 ``engine_timeout_s`` CallIncomplete(engine_timeout) and a 504. An aborted generation (vLLM pauses in-flight
@@ -51,6 +55,7 @@ from producers.call.dispatch import (
     send_chat,
     settled,
 )
+from producers.call.large_bodies import LARGE_BODY_BYTES, LargeBodies
 from producers.call.stream import stream_call
 from producers.capture.core import Call, Outcome
 from producers.dialects.common import json_type
@@ -66,7 +71,7 @@ if TYPE_CHECKING:
     from producers.dialects.base import DialectAdapter
     from producers.services import CaptureServices
 
-__all__ = ["ClientWatch", "handle_generation"]
+__all__ = ["ClientWatch", "handle_generation", "read_request"]
 
 log = logging.getLogger("tokentrail.interceptor")
 
@@ -74,15 +79,35 @@ log = logging.getLogger("tokentrail.interceptor")
 async def handle_generation(svc: CaptureServices, request: Request, rollout_id: str, api_path: str,
                             adapter: DialectAdapter) -> Response:
     started = time.perf_counter()
+    raw = await request.body()
+    if len(raw) <= LARGE_BODY_BYTES:
+        return await _generation(svc, request, raw, rollout_id, api_path, adapter, started, None)
+    bodies = svc.bodies  # its preparation leaves the loop (producers.call.large_bodies)
+    bodies.call_started()
+    try:
+        return await _generation(svc, request, raw, rollout_id, api_path, adapter, started, bodies)
+    finally:
+        bodies.call_ended()
+
+
+def read_request(raw: bytes, adapter: DialectAdapter) -> tuple[dict[str, Any], Any]:
+    """The request body and the dialect's reading of it; ValueError (or what the dialect's checks missed)
+    when it cannot be read. Pure: a large body's runs in a worker thread."""
+    body = load_json(raw, "the request body")
+    if not isinstance(body, dict):
+        raise ValueError(f"the request body must be a JSON object, got a JSON {json_type(body)}")
+    problem = nesting_problem(body)
+    if problem is not None:
+        raise ValueError(problem)
+    return body, adapter.parse(body)
+
+
+async def _generation(svc: CaptureServices, request: Request, raw: bytes, rollout_id: str, api_path: str,
+                      adapter: DialectAdapter, started: float, large: LargeBodies | None) -> Response:
+    """One call; ``large``: the body is large, its preparation runs in the lane's threads."""
     what = f"invalid {adapter.spec.wire.value.lower()} request"
     try:
-        body = load_json(await request.body(), "the request body")
-        if not isinstance(body, dict):
-            raise ValueError(f"the request body must be a JSON object, got a JSON {json_type(body)}")
-        problem = nesting_problem(body)
-        if problem is not None:
-            raise ValueError(problem)
-        parsed = adapter.parse(body)
+        body, parsed = read_request(raw, adapter) if large is None else await large.offload(read_request, raw, adapter)
     except ValueError as exc:
         return adapter.error(400, f"{what}: {exc}", "invalid_request_error")
     except Exception as exc:  # a malformed request the dialect's checks missed: a 400 naming it, never a bare 500
@@ -101,7 +126,10 @@ async def handle_generation(svc: CaptureServices, request: Request, rollout_id: 
                 engine = await core.catalog.get(svc.upstream, auth_of(upstream_headers))
         except TimeoutError:
             engine = None
-        call = core.begin(core.describe(rollout_id, api_path, adapter.spec, parsed, body, headers, engine), started)
+        described = (core.describe(rollout_id, api_path, adapter.spec, parsed, body, headers, engine) if large is None
+                     else await large.offload(core.describe, rollout_id, api_path, adapter.spec, parsed, body,
+                                              headers, engine))
+        call = core.begin(described, started)
         intent = await core.announce(call)  # produced now; durable before the harness sees anything
         deadlines = Deadlines.start(svc.settings)  # the engine's time starts with its first request
         if call.prefix_requested:

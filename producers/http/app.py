@@ -181,6 +181,7 @@ class Interceptor:
         if self._services is not None:
             await self._services.tasks.wait(timeout=30)
             await self._services.core.writer.close()
+            await self._services.bodies.close()
         if self._upstream is not None:
             await self._upstream.aclose()
         if self._publisher is not None:
