@@ -22,9 +22,10 @@ A request that cannot be read (not JSON, not an object, nested deeper than
 ``producers.http.json_limits.MAX_JSON_DEPTH``) or that the dialect refuses is a 400 in the caller's dialect naming
 the field; nothing is recorded and nothing reaches the engine.
 
-A body over ``producers.call.large_bodies.LARGE_BODY_BYTES`` is read (``read_request``) and described
-(``CaptureCore.describe``) in the large-body lane's thread, so the event loop serves other requests meanwhile;
-the same functions run, with the same results and errors. A smaller one is read and described on the loop.
+A body over ``producers.call.large_bodies.LARGE_BODY_BYTES`` is read (``read_request``), described
+(``CaptureCore.describe``), encoded for the engine and, once the call is over, freed in the large-body lane's
+thread, so the event loop serves other requests meanwhile; the same functions run, with the same results and
+errors. A smaller one's are on the loop.
 
 Engine errors are recorded with the engine's message (``producers.call.dispatch``): no answer at all or a 5xx
 is CallIncomplete(upstream_error), a 4xx CallIncomplete(engine_rejected), no answer within
@@ -55,7 +56,7 @@ from producers.call.dispatch import (
     send_chat,
     settled,
 )
-from producers.call.large_bodies import LARGE_BODY_BYTES, LargeBodies
+from producers.call.large_bodies import LARGE_BODY_BYTES, LargeCall
 from producers.call.stream import stream_call
 from producers.capture.core import Call, Outcome
 from producers.dialects.common import json_type
@@ -82,12 +83,11 @@ async def handle_generation(svc: CaptureServices, request: Request, rollout_id: 
     raw = await request.body()
     if len(raw) <= LARGE_BODY_BYTES:
         return await _generation(svc, request, raw, rollout_id, api_path, adapter, started, None)
-    bodies = svc.bodies  # its preparation leaves the loop (producers.call.large_bodies)
-    bodies.call_started()
+    large = svc.bodies.call()  # its preparation leaves the loop (producers.call.large_bodies)
     try:
-        return await _generation(svc, request, raw, rollout_id, api_path, adapter, started, bodies)
+        return await _generation(svc, request, raw, rollout_id, api_path, adapter, started, large)
     finally:
-        bodies.call_ended()
+        large.ended()
 
 
 def read_request(raw: bytes, adapter: DialectAdapter) -> tuple[dict[str, Any], Any]:
@@ -103,7 +103,7 @@ def read_request(raw: bytes, adapter: DialectAdapter) -> tuple[dict[str, Any], A
 
 
 async def _generation(svc: CaptureServices, request: Request, raw: bytes, rollout_id: str, api_path: str,
-                      adapter: DialectAdapter, started: float, large: LargeBodies | None) -> Response:
+                      adapter: DialectAdapter, started: float, large: LargeCall | None) -> Response:
     """One call; ``large``: the body is large, its preparation runs in the lane's threads."""
     what = f"invalid {adapter.spec.wire.value.lower()} request"
     try:
@@ -130,6 +130,7 @@ async def _generation(svc: CaptureServices, request: Request, raw: bytes, rollou
                      else await large.offload(core.describe, rollout_id, api_path, adapter.spec, parsed, body,
                                               headers, engine))
         call = core.begin(described, started)
+        call.large = large is not None  # its upstream encode leaves the loop too (producers.call.dispatch)
         intent = await core.announce(call)  # produced now; durable before the harness sees anything
         deadlines = Deadlines.start(svc.settings)  # the engine's time starts with its first request
         if call.prefix_requested:

@@ -21,8 +21,10 @@ Guarantees:
   serves. A waiting step whose request is cancelled never runs. So preparing large bodies holds at
   most one body's transient memory, whatever their number; what a call keeps (its parsed request)
   lives as long as the call. The engine's deadlines start after the preparation, not before.
-* After the last large call in flight ends, what it left in reference cycles is collected and the C
-  heap's free pages go back to the OS (glibc's ``malloc_trim``): RSS returns near where it was.
+* A large call's parsed request is freed in the lane's thread when the call ends, and its upstream body is
+  encoded there (``producers.call.dispatch.send_chat``). After the last large call in flight ends, what
+  it left in reference cycles is collected and the C heap's free pages go back to the OS (glibc's
+  ``malloc_trim``): RSS returns near where it was.
 
 This module knows no HTTP framework; ``producers.call.generation`` decides which bodies come here.
 """
@@ -37,7 +39,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar, cast
 
-__all__ = ["LARGE_BODIES_AT_ONCE", "LARGE_BODY_BYTES", "LargeBodies"]
+__all__ = ["LARGE_BODIES_AT_ONCE", "LARGE_BODY_BYTES", "LargeBodies", "LargeCall"]
 
 T = TypeVar("T")
 
@@ -72,14 +74,16 @@ class LargeBodies:
         # thread, so the lane never runs more than its workers.
         return await asyncio.wrap_future(self._pool.submit(fn, *args))
 
-    def call_started(self) -> None:
+    def call(self) -> LargeCall:
+        """A large call begins; ``LargeCall.ended`` when its handler is done."""
         self._in_flight += 1
+        return LargeCall(self)
 
-    def call_ended(self) -> None:
-        """A large call's handler is done. Once none is left, its memory is released: from the loop's next
-        callback on, when the handler's frames are gone (a stream's pump may still hold its request)."""
+    def _ended(self, kept: list[Any]) -> None:
+        if kept and not self._closed:
+            self._pool.submit(kept.clear)  # the call's request is freed in the lane's thread
         self._in_flight -= 1
-        if self._in_flight == 0:
+        if self._in_flight == 0:  # from the loop's next callback on: the handler's frames are gone
             asyncio.get_running_loop().call_soon(self.release_memory)
 
     def release_memory(self) -> None:
@@ -106,6 +110,29 @@ class LargeBodies:
         if self._trimming is not None:
             await asyncio.wrap_future(self._trimming)
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class LargeCall:
+    """One large call's steps in the lane. What they return (the parsed request, its description) is kept
+    until the call ends, then let go in the lane's thread: freeing 15 MB of parsed short messages is one
+    ~30 ms C call that holds the GIL, better not on the loop among the other calls' work."""
+
+    __slots__ = ("_kept", "_lane")
+
+    def __init__(self, lane: LargeBodies) -> None:
+        self._lane = lane
+        self._kept: list[Any] = []
+
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        """``LargeBodies.offload``, its result kept until ``ended``."""
+        result = await self._lane.offload(fn, *args)
+        self._kept.append(result)
+        return result
+
+    def ended(self) -> None:
+        """The call's handler is done (its frames gone): free what it kept; once no large call is left,
+        ``release_memory``."""
+        self._lane._ended(self._kept)
 
 
 def _libc_malloc_trim() -> Callable[[int], int] | None:

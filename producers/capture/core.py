@@ -116,6 +116,7 @@ class Call:
     versions: CallVersions | None = None  # the announced version at dispatch, mid-stream, at completion
     continued: int = 0  # parts joined after engine aborts (abort_policy "continue")
     retry_of: str = ""  # the aborted call of this rollout this one repeats
+    large: bool = False  # a large request body: its upstream encode runs off the loop too
 
     def part_ended(self, label: str | None, generated: int) -> None:
         """A part of a continued call ended (aborted) after ``generated`` tokens in all, ``label`` current."""

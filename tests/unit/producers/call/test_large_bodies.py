@@ -1,7 +1,7 @@
 """Large request bodies (issue 26, finding 2): prepared off the event loop, with the results of the loop's path.
 
-A body over ``LARGE_BODY_BYTES`` is read, checked, hashed and described in the lane's worker threads
-(``producers.call.large_bodies``); a smaller one on the loop, as always. No timing is asserted: the
+A body over ``LARGE_BODY_BYTES`` is read, checked, hashed, described and encoded for the engine in the
+lane's worker thread (``producers.call.large_bodies``); a smaller one on the loop, as always. No timing is asserted: the
 tests block a large body's preparation on an Event and show the loop serving meanwhile, count the
 steps each path offloads, and compare what the engine and the publisher got on both paths.
 """
@@ -105,7 +105,7 @@ async def test_a_large_bodys_preparation_runs_off_the_loop_while_the_loop_serves
     assert response.status_code == 200, response.text
     loop_thread = threading.get_ident()
     assert threads.keys() == {"parse", "describe"} and loop_thread not in threads.values()
-    assert app.services.bodies.offloaded == 2  # read_request and CaptureCore.describe
+    assert app.services.bodies.offloaded == 3  # read_request, CaptureCore.describe, the upstream encode
 
 
 async def test_a_small_body_is_prepared_on_the_loop_without_a_thread_hop(rig, monkeypatch):
@@ -148,7 +148,7 @@ async def test_a_large_body_gets_what_the_loop_path_gives_it(rig, publisher, mon
     assert app.services.bodies.offloaded == 0
     monkeypatch.setattr(generation, "LARGE_BODY_BYTES", LARGE_BODY_BYTES)
     lane, lane_from = await _two_calls(http, engine, "r-lane")
-    assert app.services.bodies.offloaded == 4
+    assert app.services.bodies.offloaded == 6  # three steps a call
 
     assert [r.status_code for r in inline + lane] == [200] * 4
     for a, b in zip(inline, lane, strict=True):
