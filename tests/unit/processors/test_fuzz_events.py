@@ -217,8 +217,10 @@ def test_absurd_fields_are_dead_lettered_naming_the_problem_and_good_rollouts_un
             target = _target(key, value)
             if _assert_dead_or_folded(test, step, "" if target != RETIRED else " (retired rollout)"):
                 (dead,) = step.result.deadletters  # exactly one per refused record
+                # Any finish may conflict with the rollout's first, which another mutated finish may have been
+                # (a finish whose event id was mutated is a finish all the same): refused conflicting_finish.
                 hints = [h for f in fields for h in _HINTS.get(f, [])] + ["differs from rollout_id",
-                                                                            "write_after_retire"]
+                                                                            "write_after_retire", "conflicting_finish"]
                 assert any(h in dead.detail or h == dead.reason for h in hints), \
                     f"the refusal of {fields} names none of them: {dead}"
                 if _victim_tainted(key, step) and dead.reason not in _NO_TAINT:
