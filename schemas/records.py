@@ -143,7 +143,8 @@ class MaskCode(StrEnum):
     ABORTED_BY_UPDATE = "aborted_by_update"
     # The oldest generated token's version is more than max_staleness versions behind the current one.
     STALE_POLICY = "stale_policy"
-    # max_staleness is set and a generated token's version was never announced (or is not known).
+    # A loss-bearing token's version is not known (an "" span: consumers.rebuild.staleness.unknown_version_reason),
+    # or max_staleness is set and a generated token's version was never announced.
     UNKNOWN_POLICY_VERSION = "unknown_policy_version"
 
 

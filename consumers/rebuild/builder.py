@@ -41,6 +41,7 @@ from consumers.rebuild.projection import project_response_json
 from consumers.rebuild.report import empty_metrics, metrics
 from consumers.rebuild.rules import RebuildRules
 from consumers.rebuild.sidecalls import classify_side_calls
+from consumers.rebuild.staleness import unknown_version_reason
 from consumers.rebuild.terminal import Attribution, attribute_by_evidence, attribute_by_heuristic
 from consumers.rebuild.traces import build_traces, rollout_reasons
 from consumers.rebuild.trajectory import ChainError, chain_trajectory
@@ -140,6 +141,10 @@ def _rebuild(snapshot: Snapshot, rules: RebuildRules, reasons: list[MaskReason])
         m = _with_trace_totals(m, traces)
     if error is None and not forest.live:
         m = _with_error(m, reasons[-1].detail if reasons else None)
+    unknown = unknown_version_reason([t.trajectory for t in traces if t.trajectory is not None] if traces
+                                     else [trajectory] if trajectory is not None else [])
+    if unknown is not None:
+        reasons.append(unknown)
     return _record(snapshot, reasons, trajectory, response, m, traces)
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -41,7 +41,7 @@ from schemas.policy_versions import UNKNOWN_VERSION, VersionBook
 from schemas.records import CallSpan, MaskCode, MaskReason, RebuiltRollout, Trajectory
 
 __all__ = ["STALE_ACTIONS", "StaleAction", "StalenessCheck", "apply_staleness", "check_staleness",
-           "rollout_staleness"]
+           "rollout_staleness", "unknown_version_reason"]
 
 StaleAction = Literal["mask", "drop"]
 STALE_ACTIONS: tuple[str, ...] = ("mask", "drop")
@@ -155,9 +155,36 @@ def _trajectories(rollout: RebuiltRollout) -> Iterator[Trajectory]:
         yield rollout.trajectory
 
 
+def unknown_version_reason(trajectories: Iterable[Trajectory]) -> MaskReason | None:
+    """``unknown_policy_version`` when a loss-bearing token's version is not known (an ``""`` span), else None.
+
+    Such a span was bracketed across an update (dispatched under one version, completed under
+    another) or recorded while the interceptor's version lease had lapsed: which weights sampled
+    those tokens is not known, and a trainer must not weigh them as either (issue 25: a token is
+    labelled with its version, or its span is unknown and the rollout is masked; never a guess).
+    """
+    calls: dict[str, list[str]] = {}
+    for span in _loss_bearing_spans_of(trajectories):
+        unknown = [f"[{v.start}, {v.end})" for v in span.version_spans if v.version == UNKNOWN_VERSION]
+        if unknown:
+            calls.setdefault(span.model_call_id, []).extend(unknown)
+    if not calls:
+        return None
+    where = "; ".join(f"{cid}: tokens {', '.join(spans)}" for cid, spans in calls.items())
+    return MaskReason(code=MaskCode.UNKNOWN_POLICY_VERSION, call_ids=sorted(calls), detail=(
+        f"the policy version of loss-bearing tokens is not known ({where[:400]}): the weights changed while they "
+        "were generated and the interceptor could not tell where (a non-streamed call across an update, or its "
+        "version lease lapsed); pause the engine with mode=wait or keep around updates, and keep the "
+        "interceptors' access to the broker"))
+
+
 def _loss_bearing_spans(rollout: RebuiltRollout) -> Iterator[CallSpan]:
+    return _loss_bearing_spans_of(_trajectories(rollout))
+
+
+def _loss_bearing_spans_of(trajectories: Iterable[Trajectory]) -> Iterator[CallSpan]:
     """Call spans with at least one loss-bearing generated token, each with only those version spans."""
-    for traj in _trajectories(rollout):
+    for traj in trajectories:
         cut = traj.spans[0].start if traj.spans else 0  # a trace's own part starts after its shared prefix
         mask = traj.loss_mask
         for span in traj.spans:

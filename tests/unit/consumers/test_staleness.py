@@ -96,16 +96,30 @@ def test_an_unknown_span_counts_as_the_calls_dispatch_version():
     r = versioned([1, 2], [3, 4, 5], ("v4", 1), ("", 2), dispatch="v1")  # bracketed across an update
     rolled = rebuild(snapshot_of(r, finish=declared(r)), RebuildRules())
     assert rollout_staleness(rolled, book(4)) == (3, "v1", "")
-    assert codes(apply_staleness(rolled, book(4), K)) == [MaskCode.STALE_POLICY]
+    # The rebuild masked it already (an unknown span always masks); the rule adds its own verdict.
+    assert codes(apply_staleness(rolled, book(4), K)) == [MaskCode.UNKNOWN_POLICY_VERSION, MaskCode.STALE_POLICY]
     closer = VersionBook([PolicyVersion(label="v1", step=1), PolicyVersion(label="v4", step=3)])
-    assert not apply_staleness(rolled, closer, K).mask_sample  # 2 behind: within K
+    assert codes(apply_staleness(rolled, closer, K)) == [MaskCode.UNKNOWN_POLICY_VERSION]  # 2 behind: within K
+
+
+def test_an_unknown_span_of_loss_bearing_tokens_masks_without_any_staleness_rule():
+    """Issue 25: a token is labelled with the version that sampled it, or the rollout is masked."""
+    bracketed = rebuild(snapshot_of(r := versioned([1, 2], [3, 4, 5], ("v4", 1), ("", 2), dispatch="v1"),
+                                    finish=declared(r)), RebuildRules())
+    assert bracketed.mask_sample and codes(bracketed) == [MaskCode.UNKNOWN_POLICY_VERSION]
+    (reason,) = bracketed.mask_reasons
+    assert "tokens [3, 5)" in reason.detail and reason.call_ids  # trajectory positions: 2 prompt ids first
+    known = rebuild(snapshot_of(r := versioned([1, 2], [3, 4, 5], ("v4", 1), ("v5", 2), dispatch="v4"),
+                                finish=declared(r)), RebuildRules())
+    assert not known.mask_sample, known.mask_reasons
 
 
 def test_an_unknown_span_without_a_dispatch_version_is_unknown():
     r = versioned([1, 2], [3, 4], ("", 2))
     rolled = rebuild(snapshot_of(r, finish=declared(r)), RebuildRules())
     assert rollout_staleness(rolled, book(1))[0] is None
-    assert codes(apply_staleness(rolled, book(1), K)) == [MaskCode.UNKNOWN_POLICY_VERSION]
+    assert codes(rolled) == [MaskCode.UNKNOWN_POLICY_VERSION]  # the rebuild's; then the rule's
+    assert codes(apply_staleness(rolled, book(1), K)) == [MaskCode.UNKNOWN_POLICY_VERSION] * 2
 
 
 def test_generated_tokens_without_any_version_mask_unknown_under_the_rule():
