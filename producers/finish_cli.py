@@ -1,4 +1,11 @@
-"""``tokentrail finish``: publish RolloutFinished for a rollout (the freeze request)."""
+"""``tokentrail finish``: publish RolloutFinished for a rollout (the freeze request).
+
+Exit 0 and the event id once the finish is durable in Kafka. It writes to the topic directly, so it
+cannot know whether the rollout was finished before: the processor applies a rollout's first finish
+and dead-letters a later one with another payload (``conflicting_finish``, naming both; one record
+per attempt). For a synchronous answer (409 on a conflict) finish through the interceptor's finish
+route (``POST /rollouts/<rollout id>/finish``, bearer token) instead.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +19,9 @@ from schemas.kafka.security import add_kafka_config_option
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
+    parser.description = ("Publish a rollout's finish to Kafka (exit 0: durable). A second finish with another "
+                          "payload is refused by the processor (dead letter conflicting_finish), not here; the "
+                          "interceptor's finish route answers 409 for it instead.")
     parser.add_argument("--rollout", required=True, help="rollout id")
     parser.add_argument("--result", default="{}", help="rollout result as JSON (reward, verifier output, ...)")
     parser.add_argument("--final-response-id", help="response id of the harness's final answer")
