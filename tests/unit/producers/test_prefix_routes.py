@@ -20,25 +20,13 @@ import pytest
 from compose.engines.policy import create_app
 from producers.http.app import Interceptor
 from producers.settings import InterceptorSettings
-from schemas.codec import decode_event
 from schemas.records import CallCaptured, CallIncomplete, IncompleteReason, PrefixRoute
+from tests.unit.producers.conftest import RecordingPublisher
 
 BASE = "/ng-rollout/{rid}/training-token-capture"
 TOOL = {"type": "function", "function": {"name": "Bash", "description": "Run a shell command", "parameters": {
     "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
 SYSTEM = "You are an agent. #tool-calls=2"
-
-
-class Publisher:
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-
-    async def produce(self, topic: str, key: bytes, value: bytes) -> tuple[int, int]:
-        self.events.append(decode_event(value))
-        return 0, len(self.events) - 1
-
-    async def close(self) -> int:
-        return 0
 
 
 class Recorder(httpx.AsyncBaseTransport):
@@ -62,7 +50,7 @@ class Recorder(httpx.AsyncBaseTransport):
 
 async def _rig(release: str):
     engine = Recorder(release)
-    publisher = Publisher()
+    publisher = RecordingPublisher()
     upstream = httpx.AsyncClient(base_url="http://policy", transport=engine, timeout=30)
     settings = InterceptorSettings(upstream_url="http://policy", bootstrap="unused:9092", control_token="s3cret",
                                    prefix_supply=True, upstream_model="tokentrail-policy")
@@ -121,7 +109,7 @@ async def _chat_rollout(client: httpx.AsyncClient, rid: str, *, stream: bool, tu
     return answers
 
 
-def _captured(publisher: Publisher) -> list[CallCaptured]:
+def _captured(publisher: RecordingPublisher) -> list[CallCaptured]:
     return [e.body for e in publisher.events if isinstance(e.body, CallCaptured)]
 
 
