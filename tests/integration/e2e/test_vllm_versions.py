@@ -161,7 +161,16 @@ def test_a_stream_across_a_weight_update_has_two_version_spans_at_the_right_toke
     with _stack(kafka_bootstrap, tmp_path_factory, engine, "--abort-policy", policy) as stack:
         for _ in range(ATTEMPTS):
             rid = f"sync-{mode}-{uuid.uuid4().hex[:6]}"
-            _stream_across_a_sync(stack, engine, rid, mode, new)
+            try:
+                _stream_across_a_sync(stack, engine, rid, mode, new)
+            except openai.InternalServerError as exc:
+                # A 503 before any output: the call's intent was not durable in time (a broker starved on a
+                # loaded CI host once answered so). Nothing was synced; a rollout of its own is the retry (this
+                # one may still record the late intent, and then masks for it, as it should).
+                assert exc.status_code == 503, exc
+                missed += 1
+                print(f"attempt {missed}: 503 before any output ({exc}); running it again")
+                continue
             record = stack.wait_rollouts([rid], timeout=180)[rid]
             assert record["mask_sample"] is False, record["mask_reasons"]
             # keep: where the stream saw the announcement; abort + continue: the parts (producers.capture.core)
@@ -169,7 +178,8 @@ def test_a_stream_across_a_weight_update_has_two_version_spans_at_the_right_toke
                 break
             missed += 1
             print(f"attempt {missed}: the stream ended before the pause landed; running it again")
-    assert missed < ATTEMPTS, f"in {ATTEMPTS} attempts the pause never landed while the engine was generating"
+    assert missed < ATTEMPTS, (f"in {ATTEMPTS} attempts the pause never landed while the engine was generating, "
+                               "or the capture was not durable in time")
 
 
 # Issue 25: the keep-pause update 20 times in a row with the CPU loaded, on real vLLM; each update announced
@@ -192,7 +202,10 @@ async def test_twenty_keep_pause_updates_under_load_never_label_a_token_older_th
     set_version(engine.url, "v0")
     announce_version(kafka_bootstrap, "v0", 0, topic=names.policy_versions)
     started = time.monotonic()
-    with cpu_burner():
+    # The burner at nice 5: between the broker, interceptor and trainer (0) and the engine (10, as the rig runs it),
+    # so the engine slows and every process still contends for a full CPU; un-niced, it starved the broker on CI's
+    # 2 cores (5-10 s controller stalls, reports timing out, 185 s for the 20 updates instead of 33 s).
+    with cpu_burner(nice=5):
         run = await updates_in_one_stream(engine.url, kafka_bootstrap, names, UPDATES, max_tokens=STREAM_TOKENS,
                                           after=AFTER)
     set_version(engine.url, "v0")  # the shared engine's label as the other tests left it
