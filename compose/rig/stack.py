@@ -4,6 +4,12 @@ Used by the demo and the end-to-end tests. Every service is the real
 ``tokentrail`` subcommand in its own process (its own event loop, signals and
 logs under ``run_dir``), talking to a real Kafka broker. ``stop()`` terminates
 them in reverse order, SIGKILL after a grace period, and never leaves one behind.
+
+Kafka security: each service connects with its role's client config file (``kafka_configs``; one file
+for every role: `one_kafka_config`), given as ``--kafka-config`` and as ``TOKENTRAIL_KAFKA_CONFIG`` in
+its environment; a role without one gets that variable empty, so a value the spawning process inherited
+never leaks into a service of a PLAINTEXT stack. The policy server gets the interceptor's (the capture
+middleware runs inside the engine when its arguments load it).
 """
 
 from __future__ import annotations
@@ -21,12 +27,25 @@ import httpx
 from compose.engines.vllm_rig.engine import score_prompt
 from compose.procs.service import Service, StackError, pick_free_ports, spawn, terminate
 from schemas.kafka.admin import ensure_topics
+from schemas.kafka.security import ENV_VAR as KAFKA_CONFIG_ENV
 from schemas.kafka.topics import DEFAULT_PARTITIONS, TopicNames, topic_names
 
 # The demo's broker keeps its log after the demo (stopped, not deleted), so that
 # `tokentrail replay --last-demo` can explain the demo's rollouts afterwards.
 DEMO_DIR = Path(".tokentrail/demo")
 LAST_RUN = DEMO_DIR / "last-run.json"
+
+# The roles of LocalStack.kafka_configs; the subcommand a service runs -> the role it connects as.
+STACK_ROLES = ("admin", "interceptor", "processor", "consumer")
+_ROLE_OF = {"policy": "interceptor", "intercept": "interceptor", "process": "processor", "consume": "consumer"}
+
+
+def one_kafka_config(path: str | os.PathLike[str] | None) -> dict[str, Path]:
+    """``kafka_configs`` with the one file ``path`` (a user's ``--kafka-config``) for every role; {} for None.
+
+    The path is made absolute: the services resolve it, and the file's relative TLS paths, on their own.
+    """
+    return {} if path is None else {role: Path(path).resolve() for role in STACK_ROLES}
 
 
 @dataclass
@@ -313,6 +332,10 @@ class LocalStack:
 
     # -- internals ----------------------------------------------------------------
     def _spawn(self, name: str, *argv: str, env: dict[str, str] | None = None, append: bool = False) -> Service:
+        role = _ROLE_OF.get(argv[0]) if argv else None
+        if role is not None:  # the role's file, or empty: never the spawning process's inherited value
+            config = self.kafka_configs.get(role)
+            env = {KAFKA_CONFIG_ENV: "" if config is None else str(config), **(env or {})}
         service = spawn(name, argv, log=self.run_dir / f"{name}.log", env=env, append=append,
                         die_with_parent=self.die_with_parent)
         self.services[name] = service

@@ -27,3 +27,31 @@ def test_fold_workers_and_consumers_wait_the_stacks_broker_wait(tmp_path, monkey
     for name in ("processor", "consumer"):
         argv = spawned[name]
         assert argv[argv.index("--topic-wait") + 1] == "45.0", argv
+
+
+def test_each_service_gets_its_roles_kafka_config_and_never_an_inherited_one(tmp_path, monkeypatch):
+    from compose.rig import stack as rig_stack
+    from compose.rig.stack import STACK_ROLES, one_kafka_config
+    from schemas.kafka.security import ENV_VAR
+    from tests.unit.compose.secured_config import scram_config
+
+    spawned: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
+    monkeypatch.setattr(rig_stack, "spawn", lambda name, argv, *, env, **_: spawned.setdefault(name, (argv, env)))
+    monkeypatch.setenv(ENV_VAR, "/inherited/client.properties")
+    path = scram_config(tmp_path)
+    configs = one_kafka_config(path)
+    assert configs == {role: path.resolve() for role in STACK_ROLES} and one_kafka_config(None) == {}
+    stack = LocalStack("127.0.0.1:9", tmp_path, kafka_configs=configs)
+    stack.add_processor("processor", wait=False)
+    stack.add_consumer("consumer")
+    stack._spawn("policy", "policy", "--middleware", "producers.middleware.TokentrailMiddleware")
+    for name in ("processor", "consumer", "policy"):
+        argv, env = spawned[name]
+        assert env[ENV_VAR] == str(path.resolve()), name
+        if name != "policy":
+            assert argv[argv.index("--kafka-config") + 1] == str(path.resolve())
+    plain = LocalStack("127.0.0.1:9", tmp_path)
+    spawned.clear()
+    plain.add_consumer("consumer")
+    argv, env = spawned["consumer"]
+    assert "--kafka-config" not in argv and env[ENV_VAR] == "", "the inherited value must not reach the service"
