@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from compose.collect.settings import HARNESSES
+from schemas.kafka.security import add_kafka_config_option
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -45,6 +46,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--engine", choices=("reference", "vllm"), default="reference",
                    help="--local: the engine (the reference server, or real vLLM's CPU build from `make vllm`)")
     g.add_argument("--bootstrap", help="Kafka bootstrap servers host:port")
+    # The collector's clients and every process --local starts connect with it (a secured --bootstrap).
+    add_kafka_config_option(g)
     g.add_argument("--interceptor-url", help="the capture interceptor's base URL, http://host:port")
     g.add_argument("--topic-prefix", default="", help="prefix of every topic name")
     g.add_argument("--rollout-secret-file", type=Path, help="file holding the interceptor's rollout secret "
@@ -77,7 +80,7 @@ def _settings(args: argparse.Namespace):
         "tasks", "harness", "out", "samples", "concurrency", "limit", "max_attempts", "run_id", "local", "engine",
         "bootstrap", "interceptor_url", "topic_prefix", "wait_records", "model", "agent_url", "max_steps", "max_turns",
         "system_prompt", "keep_workdirs", "progress")}
-    fields.update(rollout_secret=secret, call_timeout_s=args.call_timeout, rollout_timeout_s=args.rollout_timeout,
+    fields.update(rollout_secret=secret, kafka=args.kafka_config, call_timeout_s=args.call_timeout, rollout_timeout_s=args.rollout_timeout,
                   record_timeout_s=args.record_timeout)
     if args.allowed_tools:
         fields["allowed_tools"] = tuple(args.allowed_tools)
@@ -135,12 +138,14 @@ def _run(settings) -> int:
     stack_cm: AbstractContextManager[StackAddress]
     if settings.local:
         stack_cm = local_stack(settings.out.with_name(settings.out.stem + ".local"), journal.header.run_id,
-                               engine=settings.engine, harness=settings.harness, bootstrap=settings.bootstrap)
+                               engine=settings.engine, harness=settings.harness, bootstrap=settings.bootstrap,
+                               kafka=settings.kafka)
     else:
         import contextlib
 
         stack_cm = contextlib.nullcontext(remote_stack(settings.bootstrap, settings.interceptor_url,
-                                                       settings.topic_prefix, settings.rollout_secret))
+                                                       settings.topic_prefix, settings.rollout_secret,
+                                                       kafka=settings.kafka))
     with stack_cm as stack:
         collector = Collector(settings, tasks, verifiers, harness, stack, journal)
         summary = asyncio.run(collector.run())

@@ -11,6 +11,11 @@ its data), so a re-run of the same command comes back to the same events and sta
 finds the records of rollouts finished before it was stopped. Services die with the
 collector (``kill -9`` included), so a killed run leaves no stack behind but the broker,
 which a re-run takes up again.
+
+Kafka security (``--kafka-config``) reaches every Kafka client of the run: the collector's own (the
+`StackAddress` carries it) and, under ``--local``, the stack's topic admin and every service it starts
+(``LocalStack.kafka_configs``: the one file for every role). Only a broker named by ``--bootstrap`` can
+be secured; the one ``--local`` starts is PLAINTEXT (``CollectSettings`` refuses the combination).
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ from __future__ import annotations
 import contextlib
 import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from compose.rig.stack import LocalStack, capture_root, harness_api_key
+from compose.rig.stack import LocalStack, capture_root, harness_api_key, one_kafka_config
+from schemas.errors import ConfigError
+from schemas.kafka.security import KafkaSecurity
 from schemas.kafka.topics import TopicNames, topic_names
 
 if TYPE_CHECKING:
@@ -37,6 +44,7 @@ class StackAddress:
     interceptor_url: str
     topics: TopicNames
     rollout_secret: str | None
+    kafka: KafkaSecurity = field(default_factory=KafkaSecurity)  # how the collector's clients connect
 
     def capture_root(self, rollout_id: str) -> str:
         return capture_root(self.interceptor_url, rollout_id)
@@ -45,13 +53,26 @@ class StackAddress:
         return harness_api_key(self.rollout_secret, rollout_id)
 
 
-def remote_stack(bootstrap: str, interceptor_url: str, topic_prefix: str, rollout_secret: str | None) -> StackAddress:
-    return StackAddress(bootstrap, interceptor_url, topic_names(topic_prefix), rollout_secret)
+def remote_stack(bootstrap: str, interceptor_url: str, topic_prefix: str, rollout_secret: str | None, *,
+                 kafka: KafkaSecurity | None = None) -> StackAddress:
+    return StackAddress(bootstrap, interceptor_url, topic_names(topic_prefix), rollout_secret, kafka or KafkaSecurity())
 
 
 @contextlib.contextmanager
-def local_stack(root: Path, run_id: str, *, engine: str, harness: str, bootstrap: str | None) -> Iterator[StackAddress]:
-    """Bring the stack up under ``root``; tear it down (the broker's data kept) on exit."""
+def local_stack(root: Path, run_id: str, *, engine: str, harness: str, bootstrap: str | None,
+                kafka: KafkaSecurity | None = None) -> Iterator[StackAddress]:
+    """Bring the stack up under ``root``; tear it down (the broker's data kept) on exit.
+
+    ``kafka``: the run's security, for a secured ``bootstrap`` only (its file goes to every service).
+    """
+    kafka = kafka or KafkaSecurity()
+    # CollectSettings refuses the first; both guard other callers (the services need the file, not the object).
+    if kafka.secured and bootstrap is None:
+        raise ConfigError(f"--kafka-config ({kafka.describe()}) needs the secured broker's --bootstrap: --local "
+                          "starts a PLAINTEXT broker")
+    if kafka.secured and not kafka.source:
+        raise ConfigError("the Kafka security of a --local stack must come from a file (load_kafka_config): "
+                          "its services are given the file")
     from compose.rig.kafka.broker import broker_status, ensure_jars, restart_broker, start_broker, stop_broker
 
     root = root.resolve()
@@ -80,11 +101,12 @@ def local_stack(root: Path, run_id: str, *, engine: str, harness: str, bootstrap
             stack = LocalStack(bootstrap, root / "stack", topic_prefix=f"collect-{run_id}.",
                                processor_id=f"collect-{run_id}", policy_args=policy_args,
                                upstream_url=None if running_engine is None else running_engine.url,
-                               rollout_secret=secret, sink="kafka", die_with_parent=True)
+                               rollout_secret=secret, sink="kafka", die_with_parent=True,
+                               kafka_configs=one_kafka_config(kafka.source if kafka.secured else None))
             with stack:
                 print(f"local stack: kafka {bootstrap}, engine {stack.upstream_kind} {stack.policy_url}, "
                       f"interceptor {stack.interceptor_url}, logs {root / 'stack'}", flush=True)
-                yield StackAddress(bootstrap, stack.interceptor_url, stack.topics, secret)
+                yield StackAddress(bootstrap, stack.interceptor_url, stack.topics, secret, kafka)
     finally:
         if started_broker:
             stop_broker(broker_dir, keep_data=True)

@@ -26,6 +26,7 @@ from consumers.rebuild.output import to_json_dict
 from schemas.codec import decode_rebuilt
 from schemas.errors import TokentrailError, TransportError
 from schemas.kafka.config import QUIET_LOGGER, consumer_config
+from schemas.kafka.security import KafkaSecurity
 
 __all__ = ["RebuiltRecords"]
 
@@ -33,7 +34,9 @@ log = logging.getLogger("tokentrail.collect.records")
 
 
 class RebuiltRecords:
-    def __init__(self, bootstrap: str, topic: str, *, from_ms: int, timeout_s: float = 30.0) -> None:
+    def __init__(self, bootstrap: str, topic: str, *, from_ms: int, timeout_s: float = 30.0,
+                 security: KafkaSecurity | None = None) -> None:
+        """Start following ``topic`` on ``bootstrap`` (``security``: the run's --kafka-config; None: PLAINTEXT)."""
         self.topic = topic
         self.undecodable = 0
         self._records: dict[str, dict[str, Any]] = {}
@@ -42,7 +45,7 @@ class RebuiltRecords:
         try:
             self._consumer = confluent_kafka.Consumer(consumer_config(
                 bootstrap, f"tokentrail-collect-{uuid.uuid4().hex}",
-                extra={"fetch.wait.max.ms": 50, "logger": QUIET_LOGGER}))
+                extra={"fetch.wait.max.ms": 50, "logger": QUIET_LOGGER}, security=security))
             meta = self._consumer.list_topics(topic, timeout=timeout_s)
             found = meta.topics.get(topic)
             if found is None or found.error is not None or not found.partitions:

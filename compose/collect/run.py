@@ -72,7 +72,8 @@ class KafkaFinisher:
         self.stack = stack
         # librdkafka's own log lines (a broker going away at the end of a --local run) stay out of the
         # run's output; a publish that fails raises PublishFailed, which the row reports.
-        self.publisher = AckedProducer(producer_config(stack.bootstrap, extra={"logger": QUIET_LOGGER}),
+        self.publisher = AckedProducer(producer_config(stack.bootstrap, extra={"logger": QUIET_LOGGER},
+                                                       security=stack.kafka),
                                        name="tokentrail-collect-finish")
 
     async def finish(self, rollout_id: str, payload: dict[str, Any]) -> None:
@@ -138,7 +139,7 @@ class Collector:
         if self.s.wait_records and self.records is None:
             # From the run's first start (a minute's clock slack): a resumed run finds what was delivered before.
             self.records = RebuiltRecords(self.stack.bootstrap, self.stack.topics.rebuilt,
-                                          from_ms=self.journal.header.started_ms - 60_000)
+                                          from_ms=self.journal.header.started_ms - 60_000, security=self.stack.kafka)
         elif not self.s.wait_records:
             self.records = None
         self._bar = _progress(len(jobs), len(jobs) - len(pending), enabled=self.s.progress)

@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from consumers.settings import KafkaClient
+from schemas.kafka.security import KafkaSecurity
 from schemas.kafka.topics import check_bootstrap
 
 __all__ = ["CollectSettings", "HARNESSES", "RUN_ID_RULE", "DEFAULT_MODELS"]
@@ -62,6 +64,10 @@ class CollectSettings(BaseModel):
     local: bool = Field(False, description="bring a local stack up for the run (broker, engine, pipeline)")
     engine: Literal["reference", "vllm"] = Field("reference", description="--local: the engine behind the interceptor")
     bootstrap: Annotated[str | None, AfterValidator(_bootstrap)] = None
+    # Parsed and checked here, before any I/O (schemas.kafka.security); the collector's own clients and
+    # every process --local starts get it.
+    kafka: KafkaClient = Field(KafkaSecurity(), description="TLS / SASL of every Kafka client of the run: "
+                               "--kafka-config FILE or env TOKENTRAIL_KAFKA_CONFIG (schemas.kafka.security)")
     interceptor_url: str | None = Field(None, description="the interceptor's base URL (http://host:port)")
     topic_prefix: str = ""
     rollout_secret: str | None = Field(None, repr=False, description="the interceptor's TOKENTRAIL_ROLLOUT_SECRET")
@@ -95,6 +101,10 @@ class CollectSettings(BaseModel):
         elif self.interceptor_url is not None:
             raise ValueError("--local starts its own interceptor: drop --interceptor-url (a --bootstrap is used "
                              "as the broker instead of starting one)")
+        elif self.bootstrap is None and self.kafka.secured:
+            raise ValueError(f"kafka ({self.kafka.source or 'the client config file'}: {self.kafka.describe()}) "
+                             "with --local but no --bootstrap: the broker --local starts is PLAINTEXT; give the "
+                             "secured broker's --bootstrap, or drop --kafka-config")
         if self.engine != "reference" and not self.local:
             raise ValueError("engine is a --local option: without --local the interceptor's upstream is the engine")
         return self

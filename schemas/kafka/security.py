@@ -102,7 +102,8 @@ class KafkaSecurity:
     oauth_client_id: str | None = None
     oauth_client_secret: Secret | None = None
     oauth_scope: str | None = None
-    source: str = field(default="", compare=False)  # the file it was read from, for messages
+    # The file it was read from: for messages, and for the child processes a tool starts (they take the file).
+    source: str = field(default="", compare=False)
 
     # -- translations -------------------------------------------------------------------------
     def librdkafka(self) -> dict[str, Any]:
