@@ -65,6 +65,7 @@ from processors.delivery import DirectChangelogTable, OrderedAcker
 from processors.fold_loop import FoldLoop
 from processors.guard import OffsetGuard
 from processors.intake import Intake
+from processors.oauth import OidcTokenProvider
 from processors.settings import ProcessorSettings
 from schemas.kafka.security import KafkaSecurity
 from schemas.kafka.topics import MAX_MESSAGE_BYTES, wait_for_topics
@@ -182,11 +183,16 @@ def create_app(settings: ProcessorSettings) -> ProcessorApp:
 def faust_credentials(security: KafkaSecurity) -> faust.types.auth.CredentialsT | None:
     """Faust's credentials for ``security``, from its aiokafka translation (``KafkaSecurity.aiokafka_auth``).
 
-    KafkaConfigError for what aiokafka cannot do (OAUTHBEARER) or TLS files that do not load.
+    OAUTHBEARER: ``faust.OAuthCredentials`` around an OIDC token provider (``processors.oauth``), which
+    fetches its first token when aiokafka first connects. KafkaConfigError for TLS files that do not load.
     """
-    auth = security.aiokafka_auth()
     if not security.secured:
         return None
+    if security.mechanism == "OAUTHBEARER":
+        provider = OidcTokenProvider.of(security)
+        auth = security.aiokafka_auth(token_provider=provider)
+        return faust.OAuthCredentials(oauth_cb=provider, ssl_context=auth.get("ssl_context"))
+    auth = security.aiokafka_auth()
     if not security.sasl:
         return faust.SSLCredentials(auth["ssl_context"])
     return faust.SASLCredentials(username=auth["sasl_plain_username"], password=auth["sasl_plain_password"],

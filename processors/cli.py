@@ -60,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
     from schemas.kafka.topics import TopicsUnavailable
 
     try:
-        faust_credentials(settings.kafka)  # what aiokafka cannot do is refused before any I/O
+        faust_credentials(settings.kafka)  # TLS files that do not load are refused before any I/O
         check_topics(settings)
     except KafkaConfigError as exc:
         print(f"tokentrail process: {exc}", file=sys.stderr)

@@ -20,9 +20,9 @@ Guarantees:
 
 What is supported: security.protocol PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL; TLS with a CA file and
 an optional client certificate (mutual TLS); SASL PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 in every process;
-SASL OAUTHBEARER with ``sasl.oauthbearer.method=oidc`` (client-credentials grant) in the confluent-kafka
-processes only (aiokafka has no OIDC token fetcher: the Faust processor refuses it at start). GSSAPI
-(Kerberos) is refused: neither client here ships its libraries.
+SASL OAUTHBEARER with ``sasl.oauthbearer.method=oidc`` (client-credentials grant) in every process: librdkafka
+fetches the token itself, the Faust processor's aiokafka through ``processors.oauth.OidcTokenProvider``.
+GSSAPI (Kerberos) is refused: neither client here ships its libraries.
 """
 
 from __future__ import annotations
@@ -137,19 +137,21 @@ class KafkaSecurity:
             config["ssl.endpoint.identification.algorithm"] = "https" if self.verify_hostname else "none"
         return config
 
-    def aiokafka_auth(self) -> dict[str, Any]:
+    def aiokafka_auth(self, *, token_provider: Any = None) -> dict[str, Any]:
         """aiokafka's auth settings (``security_protocol``, ``sasl_*``, ``ssl_context``), secrets revealed.
 
         Reads the certificate files (an ``ssl.SSLContext``): call it where the client is built.
-        OAUTHBEARER is refused (aiokafka needs a token provider; none is built in).
+        OAUTHBEARER needs ``token_provider`` (an ``aiokafka.abc.AbstractTokenProvider``: aiokafka fetches no
+        token itself; the processor's is ``processors.oauth.OidcTokenProvider``), else `KafkaConfigError`.
         """
-        if self.mechanism == "OAUTHBEARER":
-            raise KafkaConfigError(
-                f"{self._where()}sasl.mechanism=OAUTHBEARER: the Faust processor (aiokafka) has no OIDC token "
-                "fetcher; give the processor its own config file with SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN "
-                "credentials (the other processes support OAUTHBEARER)")
         auth: dict[str, Any] = {"security_protocol": self.protocol}
-        if self.mechanism is not None:
+        if self.mechanism == "OAUTHBEARER":
+            if token_provider is None:
+                raise KafkaConfigError(
+                    f"{self._where()}sasl.mechanism=OAUTHBEARER: an aiokafka client needs a token provider "
+                    "(processors.oauth.OidcTokenProvider builds one from this file's sasl.oauthbearer.* settings)")
+            auth.update(sasl_mechanism=self.mechanism, sasl_oauth_token_provider=token_provider)
+        elif self.mechanism is not None:
             auth.update(sasl_mechanism=self.mechanism, sasl_plain_username=self.username,
                         sasl_plain_password=_reveal(self.password))
         if self.tls:

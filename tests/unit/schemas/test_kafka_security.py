@@ -117,15 +117,17 @@ def test_a_missing_file_names_the_flag(tmp_path):
         load_kafka_config(tmp_path / "absent.properties")
 
 
-def test_oauthbearer_is_for_the_librdkafka_clients_and_refused_for_faust():
+def test_oauthbearer_translates_for_librdkafka_and_asks_aiokafka_for_a_token_provider():
     sec = parse_kafka_config({"security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER",
                               "sasl.oauthbearer.method": "oidc", "sasl.oauthbearer.client.id": "cid",
                               "sasl.oauthbearer.client.secret": PASSWORD,
                               "sasl.oauthbearer.token.endpoint.url": "https://idp.example/token"})
     assert sec.librdkafka()["sasl.oauthbearer.client.secret"] == PASSWORD
     assert sec.librdkafka()["sasl.oauthbearer.method"] == "oidc"
-    with pytest.raises(KafkaConfigError, match="Faust processor"):
-        sec.aiokafka_auth()
+    with pytest.raises(KafkaConfigError, match="token provider"):
+        sec.aiokafka_auth()  # the processor passes processors.oauth.OidcTokenProvider (tests/unit/processors)
+    provider = object()
+    assert sec.aiokafka_auth(token_provider=provider)["sasl_oauth_token_provider"] is provider
     assert PASSWORD not in repr(sec)
 
 
