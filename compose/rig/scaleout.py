@@ -29,6 +29,7 @@ import httpx
 
 from compose.harnesses.sdk import Outcome, run_rollout
 from compose.rig.stack import LocalStack, StackError
+from schemas.kafka.security import KafkaSecurity
 from schemas.kafka.topics import DEFAULT_PARTITIONS
 
 __all__ = ["Chaos", "ONE_WORKER", "SCALED", "ScaleRun", "Topology", "Workload", "group_assignment", "print_figures"]
@@ -86,6 +87,7 @@ class ScaleRun:
     run_dir: Path
     topology: Topology
     name: str = "scale"
+    kafka_configs: dict[str, Path] = field(default_factory=dict)  # LocalStack's: role -> client config file
     stack: LocalStack = field(init=False)
     interceptors: list[str] = field(default_factory=list)
     processors: list[str] = field(default_factory=list)  # every fold worker ever started, in order
@@ -101,7 +103,7 @@ class ScaleRun:
         self.app_id = f"{self.name}-{tag}"
         self.stack = LocalStack(self.bootstrap, self.run_dir, topic_prefix=f"{self.name}{tag}.",
                                 processor_id=self.app_id, partitions=self.topology.partitions,
-                                with_pipeline=False, die_with_parent=True)
+                                with_pipeline=False, die_with_parent=True, kafka_configs=self.kafka_configs)
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self, timeout: float = 150.0) -> ScaleRun:
@@ -163,7 +165,7 @@ class ScaleRun:
         deadline, seen = time.monotonic() + timeout, None
         while time.monotonic() < deadline:
             try:
-                seen = group_assignment(self.bootstrap, group, topic)
+                seen = group_assignment(self.bootstrap, group, topic, security=self.stack.security("admin"))
             except Exception:  # the group is rebalancing: its description is not ready
                 seen = None
             if seen is not None and sorted(map(len, seen)) == even:
@@ -292,7 +294,7 @@ class ScaleRun:
         what they re-fold after a kill or a rebalance (events not yet committed when a partition moved)."""
         from schemas.kafka.scan import TopicReader
 
-        reader = TopicReader(self.bootstrap)
+        reader = TopicReader(self.bootstrap, security=self.stack.security("admin"))
         try:
             return sum(1 for _ in reader.read_topic(self.stack.topics.rollout_events))
         finally:
@@ -339,10 +341,13 @@ def _calls_captured(url: str) -> int:
                    if line.startswith("tokentrail_calls_captured_total")))
 
 
-def group_assignment(bootstrap: str, group: str, topic: str) -> list[set[int]]:
-    """The partitions of ``topic`` each member of the Kafka group ``group`` holds now."""
+def group_assignment(bootstrap: str, group: str, topic: str, *,
+                     security: KafkaSecurity | None = None) -> list[set[int]]:
+    """The partitions of ``topic`` each member of the Kafka group ``group`` holds now (``security``: how to connect)."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    from schemas.kafka.config import admin_config
+
+    admin = AdminClient(admin_config(bootstrap, security=security))
     desc = admin.describe_consumer_groups([group])[group].result(timeout=10)
     return [{tp.partition for tp in m.assignment.topic_partitions if tp.topic == topic} for m in desc.members]

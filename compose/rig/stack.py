@@ -28,6 +28,7 @@ from compose.engines.vllm_rig.engine import score_prompt
 from compose.procs.service import Service, StackError, pick_free_ports, spawn, terminate
 from schemas.kafka.admin import ensure_topics
 from schemas.kafka.security import ENV_VAR as KAFKA_CONFIG_ENV
+from schemas.kafka.security import KafkaConfigError, KafkaSecurity, load_kafka_config
 from schemas.kafka.topics import DEFAULT_PARTITIONS, TopicNames, topic_names
 
 # The demo's broker keeps its log after the demo (stopped, not deleted), so that
@@ -46,6 +47,28 @@ def one_kafka_config(path: str | os.PathLike[str] | None) -> dict[str, Path]:
     The path is made absolute: the services resolve it, and the file's relative TLS paths, on their own.
     """
     return {} if path is None else {role: Path(path).resolve() for role in STACK_ROLES}
+
+
+def kafka_configs_of_args(args: Any) -> dict[str, Path]:
+    """``kafka_configs`` of a tool's stack from its ``--kafka-config`` and ``--bootstrap``, checked before any I/O.
+
+    `KafkaConfigError` for an invalid file (naming the key), and for a secured file without ``--bootstrap``:
+    the broker a tool starts itself is PLAINTEXT.
+    """
+    path = getattr(args, "kafka_config", None)
+    if not path:
+        return {}
+    security = load_kafka_config(path)
+    if security.secured and getattr(args, "bootstrap", None) is None:
+        raise KafkaConfigError(f"--kafka-config {path} ({security.describe()}) needs --bootstrap of the secured "
+                               "broker: the broker this tool starts itself is PLAINTEXT")
+    return one_kafka_config(path)
+
+
+def role_security(kafka_configs: dict[str, Path], role: str) -> KafkaSecurity | None:
+    """The `KafkaSecurity` of ``role``'s file in ``kafka_configs``; None (PLAINTEXT) without one."""
+    path = kafka_configs.get(role)
+    return load_kafka_config(path) if path is not None else None
 
 
 @dataclass
@@ -85,7 +108,7 @@ class LocalStack:
     # -- lifecycle --------------------------------------------------------------
     def start(self) -> LocalStack:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        ensure_topics(self.bootstrap, self.topics, self.partitions, security=self._security("admin"))
+        ensure_topics(self.bootstrap, self.topics, self.partitions, security=self.security("admin"))
         try:
             if self.upstream_url is None:
                 policy = self._spawn("policy", "policy", "--port", "0", *self.policy_args, env=self.policy_env)
@@ -250,7 +273,7 @@ class LocalStack:
         for topic, group in ((self.topics.rollout_events, self.processor_id),
                              (self.topics.snapshots, f"{self.processor_id}-consumer")):
             client = confluent_kafka.Consumer(consumer_config(self.bootstrap, group,  # never joins: reads only
-                                                              security=self._security("admin")))
+                                                              security=self.security("admin")))
             try:
                 parts = [confluent_kafka.TopicPartition(topic, p) for p in range(self.partitions)]
                 committed = {tp.partition: tp.offset for tp in client.committed(parts, timeout=10)}
@@ -316,11 +339,9 @@ class LocalStack:
         path = self.kafka_configs.get(role)
         return ("--kafka-config", str(path)) if path is not None else ()
 
-    def _security(self, role: str) -> Any:
-        from schemas.kafka.security import load_kafka_config
-
-        path = self.kafka_configs.get(role)
-        return load_kafka_config(path) if path is not None else None
+    def security(self, role: str) -> KafkaSecurity | None:
+        """How ``role`` ("admin", "interceptor", "processor", "consumer") connects; None: PLAINTEXT."""
+        return role_security(self.kafka_configs, role)
 
     def _url_of(self, interceptor: str | None) -> str:
         return self.interceptor_url if interceptor is None else str(self._service(interceptor).url)

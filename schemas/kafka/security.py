@@ -387,13 +387,15 @@ def security_from_env(environ: Mapping[str, str] | None = None) -> KafkaSecurity
     return load_kafka_config(path) if path else KafkaSecurity()
 
 
+def add_kafka_config_option(parser: Any, *, note: str = "") -> None:
+    """The one ``--kafka-config FILE`` flag of every command that talks to Kafka (default ``$TOKENTRAIL_KAFKA_CONFIG``).
 
-
-def add_kafka_config_option(parser: Any) -> None:
-    """The one ``--kafka-config FILE`` flag of every command that talks to Kafka (default ``$TOKENTRAIL_KAFKA_CONFIG``)."""
+    ``note``: what the command adds to the help (e.g. that it needs ``--bootstrap``).
+    """
     parser.add_argument("--kafka-config", metavar="FILE", default=os.environ.get(ENV_VAR) or None,
                         help="librdkafka-style client config file: security.protocol, sasl.*, ssl.* (TLS, SASL "
-                             f"PLAIN/SCRAM/OAUTHBEARER; docs/deploying.md); default ${ENV_VAR}; none: PLAINTEXT")
+                             f"PLAIN/SCRAM/OAUTHBEARER; docs/deploying.md); default ${ENV_VAR}; none: PLAINTEXT"
+                             + (f"; {note}" if note else ""))
 
 
 def security_of_args(args: Any) -> KafkaSecurity:

@@ -3,6 +3,10 @@
 Each benchmark is a module ``compose.tools.bench.<name>`` exposing ``configure(parser)``
 and ``main(args) -> int``; it prints its figures and, where the budget names a
 baseline, the ratio against that baseline measured in the same run.
+
+The benchmarks that reach a broker given by ``--bootstrap`` (``e2e``, ``interceptor``, ``scaleout``,
+``fold``) take ``--kafka-config`` for it (``compose.rig.stack.kafka_configs_of_args``): an invalid file
+exits 2 here, naming the key, before anything starts.
 """
 
 from __future__ import annotations
@@ -27,4 +31,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    return int(args._bench_module.main(args) or 0)
+    import sys
+
+    from schemas.kafka.security import KafkaConfigError
+
+    try:
+        return int(args._bench_module.main(args) or 0)
+    except KafkaConfigError as exc:
+        print(f"tokentrail bench {args.bench}: {exc}", file=sys.stderr)
+        return 2

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from compose.tools.bench._measure import cpu_seconds, machine_busy
 from compose.tools.bench._pyspy import PySpy
+from schemas.kafka.security import KafkaSecurity
 
 
 @dataclass(frozen=True)
@@ -47,37 +48,45 @@ class WorkerRun:
 
 
 def run_worker(records: list[tuple[bytes, bytes]], finishes: dict[bytes, int], bootstrap: str, run_dir: Path,
-               profile: Path | None = None) -> WorkerRun:
+               profile: Path | None = None, kafka_config: str | Path | None = None) -> WorkerRun:
     """Publish ``records``, let one worker fold them, read its changelog and snapshots back.
 
     ``finishes``: rollout key → index in ``records`` of its finish event (what its snapshot says was folded).
+    ``kafka_config``: the client config file of a secured ``bootstrap``: every client here and the worker use it.
     """
     import confluent_kafka
 
     from schemas.kafka.admin import ensure_topics, produce_all
     from schemas.kafka.config import producer_config
+    from schemas.kafka.security import ENV_VAR, load_kafka_config
     from schemas.kafka.topics import topic_names
 
     tag = uuid.uuid4().hex[:8]
     prefix, app_id = f"benchfold{tag}.", f"benchfold-{tag}"
     names = topic_names(prefix)
-    ensure_topics(bootstrap, names)
+    config_path = None if kafka_config is None else Path(kafka_config).resolve()
+    security = None if config_path is None else load_kafka_config(config_path)
+    ensure_topics(bootstrap, names, security=security)
     # The interceptor's producer settings (idempotent, acks=all, Java-compatible partitioner), batched.
-    produce_all(confluent_kafka.Producer(producer_config(bootstrap, linger_ms=20)), names.rollout_events, records)
+    produce_all(confluent_kafka.Producer(producer_config(bootstrap, linger_ms=20, security=security)),
+                names.rollout_events, records)
     log = run_dir / "worker.log"
     data_dir = run_dir / "worker"
     with open(log, "wb") as out:
         worker = subprocess.Popen([sys.executable, "-m", "compose.cli", "process", "--bootstrap", bootstrap,
-                                   "--data-dir", str(data_dir), "--app-id", app_id, "--topic-prefix", prefix],
-                                  stdout=out, stderr=subprocess.STDOUT)
+                                   "--data-dir", str(data_dir), "--app-id", app_id, "--topic-prefix", prefix,
+                                   *(("--kafka-config", str(config_path)) if config_path else ())],
+                                  stdout=out, stderr=subprocess.STDOUT,
+                                  env={**os.environ, ENV_VAR: str(config_path or "")})  # never an inherited one
     watch = _Watch(worker.pid, finishes, profile)
     try:
-        snapshots = _drain(bootstrap, names.snapshots, until=len(finishes), worker=worker, log=log, watch=watch)
+        snapshots = _drain(bootstrap, names.snapshots, until=len(finishes), worker=worker, log=log, watch=watch,
+                           security=security)
     finally:
         watch.stop()
         worker.terminate()
         worker.wait(60)
-    changelog = _drain(bootstrap, f"{app_id}-rollout-state-changelog", until=None)
+    changelog = _drain(bootstrap, f"{app_id}-rollout-state-changelog", until=None, security=security)
     first, last = min(ts for ts, _, _ in changelog), max(ts for ts, _, _ in snapshots + changelog)
     return WorkerRun(events_s=len(records) / max((last - first) / 1000, 1e-3), seconds=(last - first) / 1000,
                      state_bytes=sum(size for _, _, size in changelog), snapshots=len(snapshots),
@@ -125,7 +134,7 @@ class _Watch:
 
 def _drain(bootstrap: str, topic: str, until: int | None, worker: subprocess.Popen[bytes] | None = None,
            log: Path | None = None, watch: _Watch | None = None,
-           timeout: float = 600.0) -> list[tuple[int, bytes, int]]:
+           timeout: float = 600.0, security: KafkaSecurity | None = None) -> list[tuple[int, bytes, int]]:
     """(timestamp ms, key, key + value bytes) of the topic's records: ``until`` of them, or all there are now."""
     import confluent_kafka
 
@@ -134,7 +143,8 @@ def _drain(bootstrap: str, topic: str, until: int | None, worker: subprocess.Pop
     consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
                                          "auto.offset.reset": "earliest", "enable.auto.commit": False,
                                          "fetch.message.max.bytes": MAX_MESSAGE_BYTES,
-                                         "max.partition.fetch.bytes": MAX_MESSAGE_BYTES})
+                                         "max.partition.fetch.bytes": MAX_MESSAGE_BYTES,
+                                         **(security.librdkafka() if security is not None else {})})
     consumer.subscribe([topic])
     out: list[tuple[int, bytes, int]] = []
     deadline, idle_since = time.monotonic() + timeout, time.monotonic()

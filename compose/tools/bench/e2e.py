@@ -42,6 +42,7 @@ from pathlib import Path
 
 from compose.tools.bench._measure import cpu_seconds, machine_busy, percentile
 from compose.tools.bench.budgets import budget_line, figure_line
+from schemas.kafka.security import add_kafka_config_option
 
 BUDGET_P95_S = {1: 0.250, 32: 0.500}
 SERVICES = ("interceptor", "processor", "consumer", "policy")
@@ -72,6 +73,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the reference engine's emulated decode time per token")
     parser.add_argument("--warmup", type=int, default=8, help="rollouts before measuring (group joins, JIT)")
     parser.add_argument("--bootstrap", help="broker to use (default: start a jar broker)")
+    add_kafka_config_option(parser, note="with --bootstrap only: the broker this tool starts itself is PLAINTEXT")
 
 
 @dataclass
@@ -182,8 +184,10 @@ def _level(stack, stage_log, concurrency: int, n: int, tool_calls: int) -> Level
 
 
 def main(args: argparse.Namespace) -> int:
-    from compose.rig.stack import LocalStack
+    from compose.rig.stack import LocalStack, kafka_configs_of_args
     from schemas.stage_log import ENV, StageLog
+
+    kafka_configs = kafka_configs_of_args(args)  # checked before anything starts
 
     run_dir = Path(tempfile.mkdtemp(prefix="tokentrail-bench-e2e-"))
     broker_dir, bootstrap = None, args.bootstrap
@@ -199,7 +203,7 @@ def main(args: argparse.Namespace) -> int:
         tag = uuid.uuid4().hex[:8]
         policy_args = ("--decode-ms-per-token", str(args.decode_ms_per_token))
         with LocalStack(bootstrap, run_dir / "stack", topic_prefix=f"benche2e{tag}.", processor_id=f"benche2e-{tag}",
-                        policy_args=policy_args) as stack:
+                        policy_args=policy_args, kafka_configs=kafka_configs) as stack:
             if args.warmup:
                 _level(stack, stage_log, min(4, args.warmup), args.warmup, args.tool_calls)
             levels = [_level(stack, stage_log, c, args.rollouts or max(40, 3 * c), args.tool_calls)

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from compose.tools.bench.budgets import budget_line, figure_line
+from schemas.kafka.security import add_kafka_config_option
 
 if TYPE_CHECKING:
     from compose.tools.bench._fold_worker import WorkerRun
@@ -67,6 +68,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=3, help="pure-fold repetitions (the best is reported)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--bootstrap", help="broker for the worker measurement (default: start a jar broker)")
+    add_kafka_config_option(parser, note="with --bootstrap only: the broker this tool starts itself is PLAINTEXT")
     parser.add_argument("--no-worker", action="store_true", help="only the pure fold")
     parser.add_argument("--profile", type=Path, metavar="FILE",
                         help="py-spy raw profile of the worker (between its first and last snapshot) to FILE; "
@@ -156,6 +158,9 @@ def pure_fold(records: list[tuple[bytes, bytes]], repeat: int) -> tuple[float, f
 
 
 def main(args: argparse.Namespace) -> int:
+    from compose.rig.stack import kafka_configs_of_args
+
+    kafka_configs_of_args(args)  # checked before anything runs (the worker run loads it again)
     records = workload(args)
     event_bytes = sum(len(k) + len(v) for k, v in records)
     print(f"workload: {args.rollouts} rollouts x {args.calls} calls, {args.concurrent} interleaved: "
@@ -211,7 +216,7 @@ def _worker(args: argparse.Namespace, records: list[tuple[bytes, bytes]], event_
             except BrokerError as exc:
                 print(f"faust worker: skipped, no broker ({str(exc).splitlines()[0]}); pass --bootstrap")
                 return None
-        got = run_worker(records, finishes, bootstrap, run_dir, profile=args.profile)
+        got = run_worker(records, finishes, bootstrap, run_dir, profile=args.profile, kafka_config=args.kafka_config)
         amp = got.state_bytes / event_bytes
         _report(f"one faust worker (RocksDB + changelog, broker {bootstrap})", got.events_s, amp,
                 f"changelog bytes, all events; {len(records):,} events in {got.seconds:.2f} s")

@@ -39,6 +39,8 @@ from pathlib import Path
 from compose.tools.bench._measure import cpu_seconds, percentile
 from compose.tools.bench._pyspy import PySpy, top_frames
 from compose.tools.bench.budgets import budget_line
+from schemas.kafka.security import ENV_VAR as KAFKA_CONFIG_ENV
+from schemas.kafka.security import KafkaSecurity, add_kafka_config_option
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +57,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deployment", choices=["proxy", "middleware", "both"], default="both",
                         help="proxy: tokentrail intercept in front of the engine; middleware: inside its server")
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    add_kafka_config_option(parser, note="with --bootstrap only: the broker this tool starts itself is PLAINTEXT")
     parser.add_argument("--profile", type=Path, metavar="FILE",
                         help="py-spy raw profile of the capturing process (the proxy, or the engine's server with "
                              "the middleware) over the captured rounds only, to FILE (one per deployment: "
@@ -109,7 +112,9 @@ async def _load(url: str, body: dict, n: int, concurrency: int, timings: list[fl
 
 def main(args: argparse.Namespace) -> int:
     from compose.rig.kafka.broker import ensure_jars, start_broker, stop_broker
+    from compose.rig.stack import kafka_configs_of_args, role_security
 
+    kafka_configs = kafka_configs_of_args(args)  # checked before anything starts
     run_dir = Path(tempfile.mkdtemp(prefix="tokentrail-bench-"))
     broker_dir = None
     bootstrap = args.bootstrap
@@ -118,9 +123,11 @@ def main(args: argparse.Namespace) -> int:
         broker_dir = run_dir / "kafka"
         bootstrap = start_broker(broker_dir).bootstrap
     try:
-        acks = _warm_broker(bootstrap, args.broker_warmup, tag=time.strftime("%H%M%S"))
+        acks = _warm_broker(bootstrap, args.broker_warmup, tag=time.strftime("%H%M%S"),
+                            security=role_security(kafka_configs, "interceptor"))
         for deployment in (["proxy", "middleware"] if args.deployment == "both" else [args.deployment]):
-            _run(args, deployment, bootstrap, run_dir / deployment, percentile(acks, 50) if acks else None)
+            _run(args, deployment, bootstrap, run_dir / deployment, percentile(acks, 50) if acks else None,
+                 kafka_configs)
         if acks:
             print(f"Kafka ack, direct        p50 {_ms(percentile(acks, 50))}   p99 {_ms(percentile(acks, 99))}   (bare acks=all "
                   f"produce of a capture-sized record, after {args.broker_warmup} warm-up records)")
@@ -130,7 +137,8 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Path, ack_p50: float | None) -> None:
+def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Path, ack_p50: float | None,
+         kafka_configs: dict[str, Path] | None = None) -> None:
     """One deployment: ``proxy`` (``tokentrail intercept`` in front of the engine: one more HTTP hop) or
     ``middleware`` (the capture inside the engine's server, as ``vllm serve --middleware``; the baseline is
     the same server's uncaptured route)."""
@@ -154,6 +162,8 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
     if deployment == "middleware":
         middleware = ("--middleware", "producers.middleware.TokentrailMiddleware")
         policy_env = {"TOKENTRAIL_BOOTSTRAP": bootstrap, "TOKENTRAIL_TOPIC_PREFIX": prefix}
+        if kafka_configs:  # the in-engine middleware reads only the environment (vLLM's too)
+            policy_env[KAFKA_CONFIG_ENV] = str(kafka_configs["interceptor"])
     with contextlib.ExitStack() as running:
         engine_url = None
         engine_proc = None
@@ -165,7 +175,7 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
             policy_args += middleware
         stack = running.enter_context(LocalStack(
             bootstrap, run_dir, topic_prefix=prefix, with_pipeline=False, policy_args=policy_args,
-            policy_env=policy_env, upstream_url=engine_url,
+            policy_env=policy_env, upstream_url=engine_url, kafka_configs=kafka_configs or {},
             interceptor_in_engine=engine_url is not None and deployment == "middleware"))
         capture_base = stack.interceptor_url if deployment == "proxy" else stack.policy_url
         via_url = f"{capture_base}/ng-rollout/bench-{tag}/training-token-capture/v1/chat/completions"
@@ -284,7 +294,8 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:8.2f} ms"
 
 
-def _warm_broker(bootstrap: str, n: int, tag: str, size: int = 6 << 10) -> list[float]:
+def _warm_broker(bootstrap: str, n: int, tag: str, size: int = 6 << 10,
+                 security: KafkaSecurity | None = None) -> list[float]:
     """Send ``n`` acked records one at a time; the ack latencies of the last 1000 (seconds)."""
     if n <= 0:
         return []
@@ -292,7 +303,7 @@ def _warm_broker(bootstrap: str, n: int, tag: str, size: int = 6 << 10) -> list[
 
     from schemas.kafka.config import producer_config
 
-    producer = confluent_kafka.Producer(producer_config(bootstrap, linger_ms=0))
+    producer = confluent_kafka.Producer(producer_config(bootstrap, linger_ms=0, security=security))
     topic, value, out = f"bench{tag}.warmup", b"x" * size, []
     for i in range(n):
         done: list = []

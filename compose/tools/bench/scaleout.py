@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from schemas.kafka.security import add_kafka_config_option
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rollouts", type=int, default=200)
@@ -37,12 +39,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--groups", type=int, default=2, help="consumer groups (each after the first: one member)")
     parser.add_argument("--no-chaos", action="store_true", help="no worker killed, no consumer added or stopped")
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    add_kafka_config_option(parser, note="with --bootstrap only: the broker this tool starts itself is PLAINTEXT")
 
 
 def main(args: argparse.Namespace) -> int:
     from compose.rig.kafka.broker import ensure_jars, start_broker, stop_broker
     from compose.rig.scaleout import ONE_WORKER, Chaos, ScaleRun, Topology, Workload, print_figures
     from compose.rig.scaleout_checks import check, one_record_each
+    from compose.rig.stack import kafka_configs_of_args
+
+    kafka_configs = kafka_configs_of_args(args)  # checked before anything starts
 
     work = Workload(rollouts=args.rollouts, concurrency=args.concurrency, max_tool_calls=args.max_tool_calls)
     scaled = Topology(partitions=args.partitions, interceptors=args.interceptors, processors=args.processors,
@@ -57,7 +63,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         runs: dict[str, ScaleRun] = {}
         for label, topology, faults in (("one worker", ONE_WORKER, Chaos.none()), ("scaled", scaled, chaos)):
-            run = ScaleRun(bootstrap, run_dir / label.replace(" ", "-"), topology, name=f"bso{len(runs)}")
+            run = ScaleRun(bootstrap, run_dir / label.replace(" ", "-"), topology, name=f"bso{len(runs)}",
+                           kafka_configs=kafka_configs)
             try:
                 started = time.monotonic()
                 run.start()

@@ -55,3 +55,25 @@ def test_each_service_gets_its_roles_kafka_config_and_never_an_inherited_one(tmp
     plain.add_consumer("consumer")
     argv, env = spawned["consumer"]
     assert "--kafka-config" not in argv and env[ENV_VAR] == "", "the inherited value must not reach the service"
+
+
+def test_a_tools_kafka_config_is_checked_before_anything_starts(tmp_path):
+    import argparse
+
+    import pytest
+
+    from compose.rig.stack import STACK_ROLES, kafka_configs_of_args, role_security
+    from schemas.kafka.security import KafkaConfigError
+    from tests.unit.compose.secured_config import USER, scram_config
+
+    path = scram_config(tmp_path)
+    configs = kafka_configs_of_args(argparse.Namespace(kafka_config=str(path), bootstrap="b:1"))
+    assert configs == {role: path.resolve() for role in STACK_ROLES}
+    assert role_security(configs, "admin").username == USER and role_security({}, "admin") is None
+    assert kafka_configs_of_args(argparse.Namespace(kafka_config=None, bootstrap=None)) == {}
+    with pytest.raises(KafkaConfigError, match="needs --bootstrap.*PLAINTEXT"):
+        kafka_configs_of_args(argparse.Namespace(kafka_config=str(path), bootstrap=None))
+    bad = tmp_path / "bad.properties"
+    bad.write_text("security.protocol=SASL_SSL\nsasl.mechanism=GSSAPI\n")
+    with pytest.raises(KafkaConfigError, match="sasl.mechanism=GSSAPI"):
+        kafka_configs_of_args(argparse.Namespace(kafka_config=str(bad), bootstrap="b:1"))
