@@ -52,7 +52,9 @@ def last_demo(args: argparse.Namespace) -> int:
         return 2
     try:
         return replay.main(argparse.Namespace(**{
+            # The demo's own broker is PLAINTEXT: a --kafka-config (or an exported TOKENTRAIL_KAFKA_CONFIG) is not its.
             **vars(args), "last_demo": False, "bootstrap": info.bootstrap, "topic_prefix": last["topic_prefix"],
+            "kafka_config": None,
             "rollout": args.rollout or last["masked"] or last["rollouts"][:1],
         }))
     finally:

@@ -18,18 +18,25 @@ import time
 from pathlib import Path
 
 from compose.rig.stack import DEMO_DIR, LAST_RUN
+from schemas.kafka.security import KafkaConfigError, add_kafka_config_option
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rollouts", type=int, default=4, help="clean rollouts to run (plus one broken)")
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    add_kafka_config_option(parser, note="with --bootstrap only: the broker this demo starts itself is PLAINTEXT")
     parser.add_argument("--keep", action="store_true", help="leave the stack's logs and output in place")
 
 
 def main(args: argparse.Namespace) -> int:
     from compose.rig.kafka.broker import BrokerError, ensure_jars, start_broker, stop_broker
-    from compose.rig.stack import LocalStack, StackError
+    from compose.rig.stack import LocalStack, StackError, kafka_configs_of_args
 
+    try:
+        kafka_configs = kafka_configs_of_args(args)  # checked before anything starts
+    except KafkaConfigError as exc:
+        print(f"tokentrail demo: {exc}")
+        return 2
     run_dir = Path(tempfile.mkdtemp(prefix="tokentrail-demo-"))
     tag = time.strftime("%H%M%S")
     started_broker = None
@@ -42,7 +49,8 @@ def main(args: argparse.Namespace) -> int:
             info = start_broker(started_broker)
             bootstrap = info.bootstrap
             print(f"kafka     {bootstrap} (Apache Kafka {info.kafka_version}, pid {info.pid})")
-        with LocalStack(bootstrap, run_dir, topic_prefix=f"demo{tag}.", processor_id=f"demo{tag}") as stack:
+        with LocalStack(bootstrap, run_dir, topic_prefix=f"demo{tag}.", processor_id=f"demo{tag}",
+                        kafka_configs=kafka_configs) as stack:
             print(f"policy    {stack.policy_url}")
             print(f"intercept {stack.interceptor_url}")
             print("processor + consumer up; running rollouts...\n")

@@ -38,6 +38,7 @@ import httpx
 
 from compose.tools.async_demo.report import ASYNC_DEMO_DIR, DemoOptions, DemoResult, StepReport, rollout_row, sample_of
 from schemas.errors import TokentrailError
+from schemas.kafka.security import add_kafka_config_option
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam
@@ -61,13 +62,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate")
     parser.add_argument("--pause-mode", choices=("keep", "wait", "abort"), default=d.pause_mode)
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    add_kafka_config_option(parser, note="with --bootstrap only: the broker this demo starts itself is PLAINTEXT")
     parser.add_argument("--engine-url", help="use this running vLLM engine (dev mode, random checkpoint)")
     parser.add_argument("--keep", action="store_true", help="leave the run's logs in place")
 
 
 def main(args: argparse.Namespace) -> int:
     from compose.rig.kafka.broker import ensure_jars, start_broker, stop_broker
+    from compose.rig.stack import kafka_configs_of_args
 
+    try:
+        kafka_configs = kafka_configs_of_args(args)  # checked before anything starts
+    except TokentrailError as exc:
+        print(f"tokentrail demo-async: {exc}")
+        return 2
     opts = DemoOptions(steps=args.steps, group_size=args.group_size, launchers=args.launchers,
                        max_ahead=args.max_ahead, max_tokens=args.max_tokens, lr=args.lr, pause_mode=args.pause_mode)
     run_dir = Path(tempfile.mkdtemp(prefix="tokentrail-demo-async-"))
@@ -82,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
             info = start_broker(broker_dir)
             bootstrap = info.bootstrap
             print(f"kafka     {bootstrap} (Apache Kafka {info.kafka_version}, pid {info.pid})", flush=True)
-        result = run_demo(bootstrap, run_dir, opts, engine_url=args.engine_url)
+        result = run_demo(bootstrap, run_dir, opts, engine_url=args.engine_url, kafka_configs=kafka_configs)
         print(f"\ndone in {time.monotonic() - started:.0f} s" + (f"; logs: {run_dir}" if args.keep else ""))
         return 0 if result.weights_changed else 1
     except TokentrailError as exc:  # broker, engine, stack, weight push, trainer, the loop's deadline
@@ -153,8 +161,11 @@ class TrainerProcess:
 
 
 def run_demo(bootstrap: str, run_dir: Path, opts: DemoOptions, say: Callable[[str], None] = print, *,
-             engine_url: str | None = None) -> DemoResult:
+             engine_url: str | None = None, kafka_configs: dict[str, Path] | None = None) -> DemoResult:
     """Run the loop against the broker at ``bootstrap`` (logs under ``run_dir``); everything it starts is stopped.
+
+    ``kafka_configs``: the stack's client config files per role (``LocalStack.kafka_configs``); the
+    demo's own clients (its version announcements, its trainer's stream) use the admin's and the consumer's.
 
     ``engine_url``: a running engine (dev mode, the ``random`` checkpoint) instead of starting
     one; the served checkpoint is pushed back into it first, so every run starts from step 0.
@@ -177,7 +188,8 @@ def run_demo(bootstrap: str, run_dir: Path, opts: DemoOptions, say: Callable[[st
             push_weights(engine_url, served, "step-0")
             say(f"vllm      {engine_url} (running; the served checkpoint pushed back)")
         with LocalStack(bootstrap, run_dir, topic_prefix=f"da{tag}.", processor_id=f"da{tag}",
-                        upstream_url=engine_url, intercept_args=("--prefix-supply",), with_pipeline=False) as stack:
+                        upstream_url=engine_url, intercept_args=("--prefix-supply",), with_pipeline=False,
+                        kafka_configs=kafka_configs or {}) as stack:
             stack.add_processor("processor")
             trainer.wait_ready()
             say(f"intercept {stack.interceptor_url}; processor up; trainer ready (pid {trainer.proc.pid})\n")
@@ -236,7 +248,8 @@ class DemoLoop:
 
         self.step_of[label] = step
         self.labels.append(label)
-        announce_version(self.stack.bootstrap, label, step, topic=self.stack.topics.policy_versions, weights=weights)
+        announce_version(self.stack.bootstrap, label, step, topic=self.stack.topics.policy_versions, weights=weights,
+                         security=self.stack.security("admin"))
         r = httpx.post(f"{self.stack.interceptor_url}/tokentrail/admin/policy-version", json={"version": label},
                        headers={"authorization": f"Bearer {self.stack.control_token}"}, timeout=30)
         r.raise_for_status()
@@ -248,7 +261,8 @@ class DemoLoop:
         from consumers.trainer_stream import rollout_stream
 
         settings = ConsumerSettings(bootstrap=self.stack.bootstrap, group_id=f"{self.stack.processor_id}-trainer",
-                                    topics=self.stack.topics, project_response=False)
+                                    topics=self.stack.topics, project_response=False,
+                                    kafka=self.stack.security("consumer"))
         self.stop = asyncio.Event()
         self.progress = asyncio.Condition()
         launchers: list[asyncio.Task[None]] = []

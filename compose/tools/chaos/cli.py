@@ -5,6 +5,9 @@ duplicated, rollouts delivered unmasked that lost a call, records that differ fr
 run (``compose.tools.chaos.accounting`` says exactly what each counts), then each phase's note
 (what was injected, its wall time, any service that exited unannounced) and every problem
 found, naming the rollout. Exit 0 only when all four columns are zero in every row.
+
+Kafka: chaos runs only against the broker it starts itself under ``--run-dir`` (PLAINTEXT; it kills
+and restarts it), so it takes neither ``--bootstrap`` nor ``--kafka-config``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ __all__ = ["configure", "main"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = ("Kafka: chaos runs only against the PLAINTEXT broker it starts itself under --run-dir (it kills "
+                     "and restarts it): it takes neither --bootstrap nor --kafka-config.")
     parser.add_argument("--rollouts", type=int, default=64, help="concurrent rollouts per phase (default 64)")
     parser.add_argument("--faults", default=",".join(FAULTS),
                         help=f"comma-separated faults to run, in order (default: all of {','.join(FAULTS)})")

@@ -91,3 +91,11 @@ def test_without_last_demo_the_arguments_go_to_the_consumers_replay(demo):
 def test_without_a_broker_it_asks_for_one(demo, capsys):
     assert replay_cli.main(_args("--rollout", "x")) == 2
     assert "--bootstrap is required (or --last-demo)" in capsys.readouterr().err and not demo.replayed
+
+
+def test_last_demo_drops_an_exported_kafka_config_the_demos_plaintext_broker_is_not_its(demo, monkeypatch):
+    monkeypatch.setenv("TOKENTRAIL_KAFKA_CONFIG", "/etc/kafka/prod.properties")
+    args = _args("--last-demo")
+    assert args.kafka_config == "/etc/kafka/prod.properties"
+    assert replay_cli.main(args) == 0
+    assert demo.replayed[0].kafka_config is None
