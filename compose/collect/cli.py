@@ -80,8 +80,8 @@ def _settings(args: argparse.Namespace):
         "tasks", "harness", "out", "samples", "concurrency", "limit", "max_attempts", "run_id", "local", "engine",
         "bootstrap", "interceptor_url", "topic_prefix", "wait_records", "model", "agent_url", "max_steps", "max_turns",
         "system_prompt", "keep_workdirs", "progress")}
-    fields.update(rollout_secret=secret, kafka=args.kafka_config, call_timeout_s=args.call_timeout, rollout_timeout_s=args.rollout_timeout,
-                  record_timeout_s=args.record_timeout)
+    fields.update(rollout_secret=secret, kafka=args.kafka_config, call_timeout_s=args.call_timeout,
+                  rollout_timeout_s=args.rollout_timeout, record_timeout_s=args.record_timeout)
     if args.allowed_tools:
         fields["allowed_tools"] = tuple(args.allowed_tools)
     return CollectSettings(**fields)

@@ -44,7 +44,8 @@ _ROLE_OF = {"policy": "interceptor", "intercept": "interceptor", "process": "pro
 def one_kafka_config(path: str | os.PathLike[str] | None) -> dict[str, Path]:
     """``kafka_configs`` with the one file ``path`` (a user's ``--kafka-config``) for every role; {} for None.
 
-    The path is made absolute: the services resolve it, and the file's relative TLS paths, on their own.
+    The path is made absolute, so a service started in another directory reads the same file (whose relative
+    TLS paths are relative to the file itself).
     """
     return {} if path is None else {role: Path(path).resolve() for role in STACK_ROLES}
 

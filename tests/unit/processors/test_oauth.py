@@ -122,7 +122,8 @@ async def test_faust_hands_the_provider_to_aiokafka_which_sends_its_token():
     from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
     security = parse_kafka_config({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER",
-                                   "sasl.oauthbearer.client.id": "proc-client", "sasl.oauthbearer.client.secret": SECRET,
+                                   "sasl.oauthbearer.client.id": "proc-client",
+                                   "sasl.oauthbearer.client.secret": SECRET,
                                    "sasl.oauthbearer.token.endpoint.url": URL})
     creds = faust_credentials(security)
     creds.oauth_cb._transport = httpx.MockTransport(IdP())  # the network of this test
