@@ -78,8 +78,9 @@ async def test_a_401_names_the_url_the_status_and_the_client_never_the_secret(ca
     message = str(info.value)
     assert URL in message and "HTTP 401" in message and "invalid_client" in message
     assert "sasl.oauthbearer.client.id='proc-client'" in message
+    basic = base64.b64encode(f"proc-client:{SECRET}".encode()).decode()  # what the Authorization header holds
     for text in (message, caplog.text, repr(provider(idp))):
-        assert SECRET not in text
+        assert SECRET not in text and basic not in text
 
 
 async def test_a_server_error_an_unreachable_url_and_a_bad_body_are_transport_errors_naming_the_url():
