@@ -65,7 +65,6 @@ from processors.delivery import DirectChangelogTable, OrderedAcker
 from processors.fold_loop import FoldLoop
 from processors.guard import OffsetGuard
 from processors.intake import Intake
-from processors.oauth import OidcTokenProvider
 from processors.settings import ProcessorSettings
 from schemas.kafka.security import KafkaSecurity
 from schemas.kafka.topics import MAX_MESSAGE_BYTES, wait_for_topics
@@ -189,6 +188,9 @@ def faust_credentials(security: KafkaSecurity) -> faust.types.auth.CredentialsT 
     if not security.secured:
         return None
     if security.mechanism == "OAUTHBEARER":
+        # Imported here: only an OAUTHBEARER processor loads httpx (the others start as fast as before).
+        from processors.oauth import OidcTokenProvider
+
         provider = OidcTokenProvider.of(security)
         auth = security.aiokafka_auth(token_provider=provider)
         return faust.OAuthCredentials(oauth_cb=provider, ssl_context=auth.get("ssl_context"))
