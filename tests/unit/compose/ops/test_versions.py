@@ -181,7 +181,8 @@ def test_fuzzed_announce_inputs_are_exit_0_or_one_line_exit_2(label, step, weigh
         err = io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             try:
-                rc = cli.main(["versions", "announce", label, "--step", str(step), "--weights", weights, *BOOT])
+                # --weights=VALUE: a value such as "-x" is the option's own, as a user would spell it
+                rc = cli.main(["versions", "announce", label, "--step", str(step), f"--weights={weights}", *BOOT])
             except SystemExit as exc:  # argparse: a label that looks like an option, e.g. "-x"
                 rc = exc.code
     text = err.getvalue()
