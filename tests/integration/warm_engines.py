@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from compose.engines.vllm_rig.engine import VllmEngine, unavailable_reason
+from compose.engines.vllm_rig.pace import FLAGS as PACE_FLAGS
 
 __all__ = ["MIDDLEWARE", "SESSION_ENGINES", "engines_needed", "prewarm", "session_engine", "stop_all"]
 
@@ -33,7 +34,9 @@ MIDDLEWARE = {"TOKENTRAIL_TOPIC_PREFIX": f"mw{uuid.uuid4().hex[:8]}.", "TOKENTRA
 # fixture name -> the engine it serves (the first two with the dev-mode routes: pause, weight versions)
 SESSION_ENGINES: dict[str, dict[str, Any]] = {
     "vllm_engine": {"variant": "crafted", "env": {"VLLM_SERVER_DEV_MODE": "1"}},
-    "vllm_random_engine": {"variant": "random", "env": {"VLLM_SERVER_DEV_MODE": "1"}},
+    # Paced decode on request (compose.engines.vllm_rig.pace): the weight-update tests need a known engine speed.
+    "vllm_random_engine": {"variant": "random", "env": {"VLLM_SERVER_DEV_MODE": "1"},
+                           "extra_args": PACE_FLAGS},
     # The crafted checkpoint served with --middleware producers.middleware.TokentrailMiddleware.
     "vllm_middleware_engine": {"variant": "crafted", "env": MIDDLEWARE, "needs_bootstrap": True,
                                "extra_args": ("--middleware", "producers.middleware.TokentrailMiddleware")},

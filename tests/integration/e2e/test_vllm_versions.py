@@ -31,15 +31,19 @@ import pytest
 
 from compose.engines.vllm_rig.admin import resume, set_version
 from compose.engines.vllm_rig.engine import score_prompt
+from compose.engines.vllm_rig.pace import paced
 from compose.engines.vllm_rig.weights import push_weights, read_safetensors, write_safetensors
 from compose.rig.stack import LocalStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker, pytest.mark.vllm]
 
-# Enough tokens to outlast the pause most of the time (it lands 0.6-2.2 s after it is asked on these
-# cores, ~300 tokens/s), few enough that a stream and its rescoring take ~20 s; an attempt the pause
-# missed is run again, up to ATTEMPTS in all.
-MAX_TOKENS = 4_000
+# The engine decodes this stream at a known pace (compose.engines.vllm_rig.pace): unpaced it generates 4,000
+# tokens in ~0.3 s, and on CI the harness read its first chunk, which starts the sync, only after that (the
+# intent's ack came late from a loaded broker): three attempts of three missed, both modes. Paced, the
+# stream lasts ~10 s of engine time; the pause lands 0.6-2.2 s after it is asked on loaded cores, and the
+# engine stays slower than the interceptor reads, so no chunk of the old weights is still queued when the
+# version is announced. An attempt the pause still missed is run again, up to ATTEMPTS in all.
+MAX_TOKENS, PACE_MS = 2_000, 5
 ATTEMPTS = 3
 
 
@@ -85,7 +89,8 @@ def _stream_across_a_sync(stack: LocalStack, engine, rid: str, mode: str, new: P
     _announce(stack)("v0")
     client = openai.OpenAI(base_url=stack.capture_base_url(rid), api_key="unused", max_retries=0, timeout=180)
     stream = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "go"}],
-                                            max_tokens=MAX_TOKENS, stream=True, extra_body={"ignore_eos": True})
+                                            max_tokens=MAX_TOKENS, stream=True,
+                                            extra_body={"ignore_eos": True, **paced(PACE_MS)})
     synced, failures, parts, finishes, took = threading.Event(), [], [], [], []
 
     def sync() -> None:
