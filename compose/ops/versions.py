@@ -1,7 +1,7 @@
 """``tokentrail versions``: the trainer's announcements of policy versions.
 
 ``announce LABEL --step N`` publishes the version on the compacted policy-versions topic
-(``schemas.kafka.versions.announce_version``), after forwarding the label to the engine's
+(``schemas.kafka.announce.announce_version``), after forwarding the label to the engine's
 ``/update_weight_version`` when ``--engine`` is given (vLLM dev mode), so the engine's own
 spans and tokentrail's agree, and then waits until every live interceptor reported it applied
 the version (``wait_applied``; ``--confirm-timeout``, ``--min-followers``; ``--no-confirm``
@@ -91,7 +91,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _announce(args: argparse.Namespace, topic: str) -> int:
     from compose.engines.vllm_rig.admin import set_version
-    from schemas.kafka.versions import announce_version, wait_applied
+    from schemas.kafka.announce import announce_version, wait_applied
 
     earlier = announced_steps(args.bootstrap, topic, args.security).get(args.label)
     if earlier is not None and earlier != args.step:

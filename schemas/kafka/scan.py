@@ -12,8 +12,9 @@ topic and partition. Used by the interceptor's presence check
 (``producers.capture.durable``) and by replay and the Gym adapters
 (``consumers.replay.eventlog``).
 
-With ``schemas.kafka.bridge`` this is the only ``schemas`` module that imports a
-framework (ARCHITECTURE §3).
+``open_from_start`` assigns every partition of a small topic from its start (the policy versions and
+their reports: ``schemas.kafka.versions``, ``schemas.kafka.announce``); ``watermarks`` asks a
+partition's offsets, waiting out a leader not elected yet.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from typing import Any
 import confluent_kafka
 
 from schemas.errors import TransportError
-from schemas.kafka.config import consumer_config
+from schemas.kafka.config import QUIET_LOGGER, consumer_config
 from schemas.kafka.security import KafkaSecurity
 
-__all__ = ["TopicReader"]
+__all__ = ["TopicReader", "open_from_start", "watermarks"]
 
 
 class TopicReader:
@@ -123,3 +124,57 @@ class TopicReader:
             assert offset is not None  # a record (not an error event) always has its offset
             if offset >= high - 1:
                 return
+
+
+def open_from_start(bootstrap: str, topic: str, group: str, *,
+                     security: KafkaSecurity | None = None) -> tuple[Any, dict[int, int]]:
+    """A consumer assigned every partition of ``topic`` from its start, and each non-empty partition's end offset."""
+    config = consumer_config(bootstrap, group, security=security,
+                             extra={"logger": QUIET_LOGGER, "allow.auto.create.topics": False})
+    try:
+        consumer = confluent_kafka.Consumer(config)
+    except confluent_kafka.KafkaException as exc:
+        raise TransportError(f"cannot read {topic} at {bootstrap}: {exc}") from exc
+    try:
+        metadata = consumer.list_topics(topic, timeout=10)  # a consumer never auto-creates it
+    except confluent_kafka.KafkaException as exc:
+        consumer.close()
+        raise TransportError(f"cannot read {topic} at {bootstrap}: {exc}; check the bootstrap "
+                             "and that the broker is up") from exc
+    info = metadata.topics.get(topic)
+    if info is None or info.error is not None or not info.partitions:
+        consumer.close()
+        raise TransportError(f"topic {topic} does not exist at {bootstrap}: create it with `tokentrail topics`")
+    parts = [confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in sorted(info.partitions)]
+    ends: dict[int, int] = {}
+    try:
+        for tp in parts:
+            low, high = watermarks(consumer, tp, deadline=time.monotonic() + 30.0)
+            if high > low:
+                ends[tp.partition] = high
+    except confluent_kafka.KafkaException as exc:
+        consumer.close()
+        raise TransportError(f"cannot read the end offsets of {topic} at {bootstrap}: {exc}") from exc
+    consumer.assign(parts)
+    return consumer, ends
+
+
+def watermarks(consumer: Any, tp: Any, *, deadline: float) -> tuple[int, int]:
+    """``get_watermark_offsets``, retried while the broker reports a retriable error.
+
+    Why: right after the topic is created its leader may not be elected yet, and the broker answers
+    NOT_LEADER_FOR_PARTITION / LEADER_NOT_AVAILABLE for a moment (seen in CI); only a non-retriable
+    error, or one that outlasts ``deadline``, is raised.
+    """
+    while True:
+        try:
+            offsets: tuple[int, int] = consumer.get_watermark_offsets(tp, timeout=10)
+            return offsets
+        except confluent_kafka.KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            retriable = getattr(error, "retriable", lambda: False)() or getattr(error, "code", lambda: None)() in (
+                confluent_kafka.KafkaError.NOT_LEADER_FOR_PARTITION, confluent_kafka.KafkaError.LEADER_NOT_AVAILABLE,
+                confluent_kafka.KafkaError.UNKNOWN_TOPIC_OR_PART)
+            if not retriable or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)

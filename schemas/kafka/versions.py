@@ -1,13 +1,4 @@
-"""The policy-versions topic on Kafka: announce a version, follow the announcements.
-
-``announce_version`` publishes one ``PolicyVersion`` (Avro, keyed by its label) with ``acks=all``
-and, by default, returns only once every live interceptor reported it applied the version
-(``wait_applied``, over the ``tokentrail.policy-versions-applied`` topic; the protocol and why:
-``schemas.version_reports``); ``NotConfirmed`` names each interceptor that did not in time. Labelling the engine itself is the caller's (``tokentrail
-versions announce --engine`` does it first, so the topic never names a version the engine refused). It
-never creates the topic: a missing one is an ``AnnounceFailed`` naming `tokentrail topics` (an
-auto-created topic would be neither compacted nor single-partition). Every failure is an
-``AnnounceFailed`` (a ``TransportError``) naming the broker and topic.
+"""The policy-versions topic on Kafka: follow the announcements (announcing them: ``schemas.kafka.announce``).
 
 ``VersionFollower`` reads the topic from its start in a background thread, without a consumer
 group (nothing is committed: every follower folds the whole compacted topic), into a
@@ -26,197 +17,27 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import confluent_kafka
 
 from schemas.codec import policy_version_codec
-from schemas.errors import TransportError
-from schemas.kafka.bridge import AckedProducer, PublishFailed, admin_client
-from schemas.kafka.config import QUIET_LOGGER, consumer_config, producer_config
+from schemas.kafka.config import QUIET_LOGGER, producer_config
+from schemas.kafka.scan import open_from_start, watermarks
 from schemas.kafka.security import KafkaSecurity
-from schemas.kafka.topics import POLICY_VERSIONS, TopicsUnavailable, applied_topic_of, topic_names, wait_for_topics
+from schemas.kafka.topics import POLICY_VERSIONS, applied_topic_of
 from schemas.policy_versions import PolicyVersion, VersionBook
 from schemas.version_reports import (
     DEFAULT_HEARTBEAT_S,
     DEFAULT_LEASE_S,
-    DEFAULT_SKEW_S,
     AppliedReport,
-    Confirmations,
-    decode_report,
     encode_report,
 )
 
-__all__ = ["AnnounceFailed", "NotConfirmed", "VersionFollower", "announce_version", "wait_applied"]
+__all__ = ["VersionFollower"]
 
 log = logging.getLogger("tokentrail.versions")
-
-
-class AnnounceFailed(TransportError):
-    """The broker did not acknowledge the announcement (or the topic is missing)."""
-
-
-class NotConfirmed(AnnounceFailed):
-    """The version was published, but live interceptors did not confirm they applied it in time (``missing``)."""
-
-    def __init__(self, message: str, missing: list[str]) -> None:
-        super().__init__(message)
-        self.missing = missing
-
-
-def announce_version(bootstrap: str, label: str, step: int, *, topic: str = POLICY_VERSIONS, weights: str = "",
-                     timeout_s: float = 30.0, confirm: bool = True, confirm_timeout_s: float = 30.0,
-                     min_followers: int = 0, skew_s: float = DEFAULT_SKEW_S,
-                     security: KafkaSecurity | None = None) -> PolicyVersion:
-    """Publish ``label`` as the current version (the trainer's ``step``); with ``confirm``, wait until applied.
-
-    ``ContractError`` (before any I/O) for an invalid label or step; ``AnnounceFailed`` unless the
-    broker acknowledged the record; with ``confirm`` (the default), ``NotConfirmed`` unless every
-    live interceptor (and at least ``min_followers``) reported within ``confirm_timeout_s`` that it
-    applied ``step`` (``wait_applied``). Resume the engine only after this returned.
-    """
-    Confirmations(step, skew_s=skew_s, min_followers=min_followers)  # validated before any I/O
-    announcement = PolicyVersion(label=label, step=step, announced_at=time.time(), weights=weights)
-    value = policy_version_codec().encode(announcement)
-    where = f"announcing policy version {label!r} (step {step}) on {topic} at {bootstrap}"
-    try:
-        # The metadata of all topics never auto-creates one (a metadata request for `topic` would).
-        wait_for_topics(admin_client(bootstrap, security=security), [topic], bootstrap=bootstrap, names=_names_of(topic),
-                        timeout=min(timeout_s, 10.0))
-    except (TopicsUnavailable, TransportError) as exc:
-        raise AnnounceFailed(f"{where} failed: {exc}") from exc
-    # Belt and braces: a topic deleted after the check is not re-created with the broker's defaults.
-    config = producer_config(bootstrap, security=security, extra={"logger": QUIET_LOGGER, "allow.auto.create.topics": False})
-    producer = AckedProducer(config, name="tokentrail-versions")
-    try:
-        producer.produce_sync(topic, label.encode("utf-8"), value, timeout_s=timeout_s)
-    except PublishFailed as exc:
-        raise AnnounceFailed(f"{where} failed: {exc}; check the broker and that the topic exists "
-                             "(`tokentrail topics`)") from exc
-    finally:
-        producer.close_sync(5.0)
-    if confirm:
-        wait_applied(bootstrap, label, step, topic=topic, timeout_s=confirm_timeout_s, min_followers=min_followers,
-                     skew_s=skew_s, security=security)
-    return announcement
-
-
-def wait_applied(bootstrap: str, label: str, step: int, *, topic: str = POLICY_VERSIONS, timeout_s: float = 30.0,
-                 min_followers: int = 0, skew_s: float = DEFAULT_SKEW_S,
-                 security: KafkaSecurity | None = None) -> list[str]:
-    """Wait until every live interceptor following ``topic`` reported it applied ``step``; their instance ids.
-
-    Reads the reports topic (``applied_topic_of(topic)``) from its start (``Confirmations``: who is
-    live, who confirmed). ``NotConfirmed`` after ``timeout_s`` naming each live interceptor that did
-    not confirm (a crashed one included: it is named, not waited out), or when fewer than
-    ``min_followers`` confirmed; ``AnnounceFailed`` when the reports topic is missing or unreadable.
-    """
-    reports_topic = applied_topic_of(topic)
-    confirmations = Confirmations(step, skew_s=skew_s, min_followers=min_followers)
-    where = f"policy version {label!r} (step {step}) was published on {topic} at {bootstrap}, but"
-    started = time.monotonic()
-    deadline = started + timeout_s
-    try:
-        consumer, ends = _open_from_start(bootstrap, reports_topic, f"tokentrail-announce-{uuid.uuid4().hex[:8]}",
-                                          security=security)
-    except TransportError as exc:
-        raise AnnounceFailed(f"{where} its confirmations cannot be read: {exc}; create the reports topic with "
-                             "`tokentrail topics` (or announce without waiting: --no-confirm, confirm=False)") from exc
-    try:
-        if not ends:
-            confirmations.settle(time.time())
-        while not confirmations.done():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                missing = confirmations.missing()
-                raise NotConfirmed(
-                    f"{where} {confirmations.explain(time.time(), time.monotonic() - started)}. Tokens those "
-                    "interceptors label may carry the old version: do not resume the engine until they confirm "
-                    "(check their logs, /healthz and their access to the broker); a stopped one drops out of the "
-                    f"live set {DEFAULT_LEASE_S + skew_s:.0f} s after its last report: announce again then", missing)
-            msg = consumer.poll(min(left, 0.05))
-            if msg is None:
-                continue
-            if msg.error() is not None:
-                log.warning("%s: %s", reports_topic, msg.error())
-                continue
-            key = (msg.key() or b"").decode("utf-8", "replace")
-            if msg.value() is None:
-                confirmations.gone(key)
-            else:
-                try:
-                    confirmations.note(decode_report(msg.value()), time.time())
-                except Exception as exc:  # content never stops the wait
-                    log.warning("%s record at offset %s skipped: %s", reports_topic, msg.offset(), exc)
-            end = ends.get(msg.partition())
-            if end is not None and msg.offset() + 1 >= end:
-                del ends[msg.partition()]
-                if not ends:
-                    confirmations.settle(time.time())
-    finally:
-        consumer.close()
-    return confirmations.confirmed()
-
-
-def _open_from_start(bootstrap: str, topic: str, group: str, *,
-                     security: KafkaSecurity | None = None) -> tuple[Any, dict[int, int]]:
-    """A consumer assigned every partition of ``topic`` from its start, and each non-empty partition's end offset."""
-    config = consumer_config(bootstrap, group, security=security,
-                             extra={"logger": QUIET_LOGGER, "allow.auto.create.topics": False})
-    try:
-        consumer = confluent_kafka.Consumer(config)
-    except confluent_kafka.KafkaException as exc:
-        raise TransportError(f"cannot read {topic} at {bootstrap}: {exc}") from exc
-    try:
-        metadata = consumer.list_topics(topic, timeout=10)  # a consumer never auto-creates it
-    except confluent_kafka.KafkaException as exc:
-        consumer.close()
-        raise TransportError(f"cannot read {topic} at {bootstrap}: {exc}; check the bootstrap "
-                             "and that the broker is up") from exc
-    info = metadata.topics.get(topic)
-    if info is None or info.error is not None or not info.partitions:
-        consumer.close()
-        raise TransportError(f"topic {topic} does not exist at {bootstrap}: create it with `tokentrail topics`")
-    parts = [confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in sorted(info.partitions)]
-    ends: dict[int, int] = {}
-    try:
-        for tp in parts:
-            low, high = _watermarks(consumer, tp, deadline=time.monotonic() + 30.0)
-            if high > low:
-                ends[tp.partition] = high
-    except confluent_kafka.KafkaException as exc:
-        consumer.close()
-        raise TransportError(f"cannot read the end offsets of {topic} at {bootstrap}: {exc}") from exc
-    consumer.assign(parts)
-    return consumer, ends
-
-
-def _watermarks(consumer: Any, tp: Any, *, deadline: float) -> tuple[int, int]:
-    """``get_watermark_offsets``, retried while the broker reports a retriable error.
-
-    Why: right after the topic is created its leader may not be elected yet, and the broker answers
-    NOT_LEADER_FOR_PARTITION / LEADER_NOT_AVAILABLE for a moment (seen in CI); only a non-retriable
-    error, or one that outlasts ``deadline``, is raised.
-    """
-    while True:
-        try:
-            offsets: tuple[int, int] = consumer.get_watermark_offsets(tp, timeout=10)
-            return offsets
-        except confluent_kafka.KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            retriable = getattr(error, "retriable", lambda: False)() or getattr(error, "code", lambda: None)() in (
-                confluent_kafka.KafkaError.NOT_LEADER_FOR_PARTITION, confluent_kafka.KafkaError.LEADER_NOT_AVAILABLE,
-                confluent_kafka.KafkaError.UNKNOWN_TOPIC_OR_PART)
-            if not retriable or time.monotonic() >= deadline:
-                raise
-            time.sleep(0.2)
-
-
-def _names_of(topic: str) -> Any:
-    # For the missing-topic message: the `tokentrail topics` command for this topic's prefix.
-    return topic_names(topic.removesuffix(POLICY_VERSIONS)) if topic.endswith(POLICY_VERSIONS) else topic_names()
 
 
 class VersionFollower:
@@ -262,7 +83,7 @@ class VersionFollower:
         With ``report_as``, a missing reports topic is logged and the follower runs without reporting
         (``reporting`` False): an announcer waiting for confirmations fails naming `tokentrail topics`.
         """
-        consumer, self._ends = _open_from_start(self.bootstrap, self.topic, "tokentrail-versions-follower",
+        consumer, self._ends = open_from_start(self.bootstrap, self.topic, "tokentrail-versions-follower",
                                                 security=self.security)
         self._consumer = consumer
         self._partitions = [tp.partition for tp in consumer.assignment()]
@@ -356,7 +177,7 @@ class VersionFollower:
                 for p in self._partitions:
                     tp = confluent_kafka.TopicPartition(self.topic, p)
                     try:
-                        ends[p] = _watermarks(self._consumer, tp, deadline=time.monotonic() + 5.0)[1]
+                        ends[p] = watermarks(self._consumer, tp, deadline=time.monotonic() + 5.0)[1]
                     except confluent_kafka.KafkaException as exc:
                         log.warning("cannot read the end of %s: %s", self.topic, exc)
                         return

@@ -27,10 +27,11 @@ import httpx
 import orjson
 
 from compose.engines.vllm_rig.admin import pause, resume, set_version
+from compose.engines.vllm_rig.pace import paced
 from producers.http.app import Interceptor
 from producers.settings import InterceptorSettings
+from schemas.kafka.announce import VersionAnnouncer, announce_version
 from schemas.kafka.topics import TopicNames
-from schemas.kafka.versions import announce_version
 from schemas.records import CallCaptured
 from tests.unit.producers.conftest import RecordingPublisher
 
@@ -168,6 +169,17 @@ async def _interceptor(engine_url: str, bootstrap: str, names: TopicNames, strip
         await app.shutdown()
 
 
+@contextlib.asynccontextmanager
+async def _announcer(bootstrap: str, names: TopicNames) -> Any:
+    """The trainer's standing announcer (one set of clients for every update), opened off the event loop."""
+    announcer = VersionAnnouncer(bootstrap, topic=names.policy_versions)
+    await asyncio.to_thread(announcer.open)
+    try:
+        yield announcer
+    finally:
+        await asyncio.to_thread(announcer.close)
+
+
 def _last_capture(publisher: RecordingPublisher) -> CallCaptured:
     return [e.body for e in publisher.events if isinstance(e.body, CallCaptured)][-1]
 
@@ -194,6 +206,7 @@ class Update:
     """One keep-pause update inside a stream: when each step returned (monotonic), and the tokens sent by then."""
     k: int
     asked: float = 0.0  # the pause was asked
+    paused: float = 0.0  # the pause and the engine's label returned
     announced: float = 0.0  # the announcement returned: every live interceptor had applied v<k>
     resumed: float = 0.0  # the resume returned
     tokens_at_ask: int = 0
@@ -215,11 +228,12 @@ class OneStream:
 
 
 async def updates_in_one_stream(engine_url: str, bootstrap: str, names: TopicNames, updates: int, *,
-                                max_tokens: int, after: int, first: int = 1) -> OneStream:
+                                max_tokens: int, after: int, first: int = 1, pace_ms: float | None = None) -> OneStream:
     """One streamed call across ``updates`` keep-pause updates of the label (``label_sync``), announced as ``v<k>``
     on the topic (k = first, ...); each after ``after`` more tokens reached the interceptor since the last resume.
     After the last, and ``after`` tokens more, the tap ends the call (``Tap.end_now``)."""
-    async with _interceptor(engine_url, bootstrap, names, False) as (http, tap, publisher, model):
+    async with _interceptor(engine_url, bootstrap, names, False) as (http, tap, publisher, model), \
+            _announcer(bootstrap, names) as announcer:
         done, log = [False], []
 
         def tokens_past(mark: int) -> bool:  # `after` tokens beyond mark arrived, or the stream ended (polling)
@@ -243,7 +257,8 @@ async def updates_in_one_stream(engine_url: str, bootstrap: str, names: TopicNam
                 pause(engine_url, "keep")
                 try:
                     set_version(engine_url, f"v{k}")
-                    announce_version(bootstrap, f"v{k}", k, topic=names.policy_versions, confirm_timeout_s=20)
+                    u.paused = time.monotonic()
+                    announcer.announce(f"v{k}", k, confirm_timeout_s=20)
                     u.announced = time.monotonic()
                 finally:
                     resume(engine_url)
@@ -255,7 +270,7 @@ async def updates_in_one_stream(engine_url: str, bootstrap: str, names: TopicNam
         tap.on_first = lambda: tasks.append(asyncio.ensure_future(asyncio.to_thread(drive)))
         tap.end_now = False
         body = {"model": model, "messages": [{"role": "user", "content": "go on"}], "max_tokens": max_tokens,
-                "stream": True, "ignore_eos": True}
+                "stream": True, "ignore_eos": True, **(paced(pace_ms) if pace_ms else {})}
         try:
             r = await http.post(f"/ng-rollout/ks-{uuid.uuid4().hex[:6]}/training-token-capture/v1/chat/completions",
                                 json=body)

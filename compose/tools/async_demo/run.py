@@ -244,7 +244,7 @@ class DemoLoop:
         interceptor before it knows their version: the observed spans split at the exact token
         (a topic follower polls, and could attribute the first tokens to the old version).
         """
-        from schemas.kafka.versions import announce_version
+        from schemas.kafka.announce import announce_version
 
         self.step_of[label] = step
         self.labels.append(label)

@@ -25,7 +25,7 @@ import pytest
 
 from compose.harnesses.sdk import WEATHER_TOOL, weather_tool
 from compose.rig.stack import LocalStack
-from schemas.kafka.versions import announce_version
+from schemas.kafka.announce import announce_version
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 

@@ -21,7 +21,7 @@ import pytest
 
 from compose.engines.vllm_rig.admin import set_version
 from compose.rig.stack import LocalStack
-from schemas.kafka.versions import NotConfirmed, announce_version
+from schemas.kafka.announce import NotConfirmed, VersionAnnouncer, announce_version
 from tests.integration.keep_pause import cpu_burner, keep_pause_runs, label_sync
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
@@ -61,6 +61,31 @@ def test_announce_returns_once_both_interceptors_applied_and_names_a_dead_one(ka
         assert "applied step 1 ('v1')" in message and "do not resume the engine" in message
         assert _health(urls["a"])["policy_version"] == "v2"
         print(f"\ntwo interceptors: confirmed, crash named, in {time.monotonic() - started:.1f} s")
+
+
+def test_one_announcer_confirms_step_after_step_and_expects_an_interceptor_started_between(
+        kafka_bootstrap, tmp_path_factory):
+    """A trainer's standing announcer keeps the reports it read between announcements: still exact about who is live."""
+    with _stack(kafka_bootstrap, tmp_path_factory) as stack, \
+            VersionAnnouncer(kafka_bootstrap, topic=stack.topics.policy_versions) as announcer:
+        a = _health(stack.interceptor_url)["version_instance"]
+        took = []
+        for step in (1, 2, 3):
+            started = time.monotonic()
+            announcer.announce(f"v{step}", step, confirm=False)
+            assert announcer.wait_applied(f"v{step}", step, timeout_s=30) == [a]
+            took.append(time.monotonic() - started)
+            assert _health(stack.interceptor_url)["policy_version"] == f"v{step}"
+        b = stack.add_interceptor("b")
+        ids = sorted([a, _health(str(b.url))["version_instance"]])
+        assert announcer.wait_applied("v3", 3, timeout_s=30) == ids  # b started after the last wait: expected now
+        announcer.announce("v4", 4)
+        assert {_health(u)["policy_version"] for u in (stack.interceptor_url, str(b.url))} == {"v4"}
+        stack.kill("b")  # a crash: its last report still says it is live, so it is named, not waited out
+        with pytest.raises(NotConfirmed) as exc:
+            announcer.announce("v5", 5, confirm_timeout_s=3)
+        assert exc.value.missing == [i for i in ids if i != a], str(exc.value)
+    print(f"\none announcer, steps 1-3 announced and confirmed in {', '.join(f'{t * 1000:.0f}' for t in took)} ms")
 
 
 async def test_no_token_sampled_after_the_resume_is_labelled_old_under_load(kafka_bootstrap, tmp_path_factory):

@@ -77,7 +77,7 @@ def test_a_bad_announcement_names_the_field_and_touches_nothing(kafka_bootstrap,
 
 
 async def test_a_running_interceptor_follows_announcements(kafka_bootstrap, topics):
-    from schemas.kafka.versions import announce_version
+    from schemas.kafka.announce import announce_version
 
     prefix, names = topics
     publisher = RecordingPublisher()
@@ -109,7 +109,7 @@ async def test_a_running_interceptor_follows_announcements(kafka_bootstrap, topi
 
 
 def test_announcing_on_a_missing_topic_fails_naming_the_fix_and_creates_nothing(kafka_bootstrap):
-    from schemas.kafka.versions import AnnounceFailed, announce_version
+    from schemas.kafka.announce import AnnounceFailed, announce_version
 
     topic = topic_names(f"absent{uuid.uuid4().hex[:8]}.").policy_versions
     with pytest.raises(AnnounceFailed, match="tokentrail topics") as exc:
@@ -120,9 +120,9 @@ def test_announcing_on_a_missing_topic_fails_naming_the_fix_and_creates_nothing(
 
 
 def test_the_follower_skips_what_it_cannot_decode_and_keeps_following(kafka_bootstrap, topics):
+    from schemas.kafka.announce import announce_version
     from schemas.kafka.bridge import AckedProducer
     from schemas.kafka.config import producer_config
-    from schemas.kafka.versions import announce_version
 
     _, names = topics
     producer = AckedProducer(producer_config(kafka_bootstrap), name="test-garbage")

@@ -8,7 +8,8 @@ import confluent_kafka
 import pytest
 
 from schemas.errors import ContractError
-from schemas.kafka.versions import _watermarks, announce_version
+from schemas.kafka.announce import announce_version
+from schemas.kafka.scan import watermarks as _watermarks
 
 UNREACHABLE_BROKER = "127.0.0.1:1"  # an announcement that got this far would fail naming it
 

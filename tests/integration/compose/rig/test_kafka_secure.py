@@ -22,11 +22,11 @@ from compose.harnesses.sdk import run_rollout
 from compose.rig.kafka import secure
 from compose.rig.kafka.broker import start_broker, stop_broker
 from compose.rig.stack import LocalStack
+from schemas.kafka.announce import announce_version
 from schemas.kafka.bridge import AckedProducer, KafkaAuthFailed, PublishFailed, check_credentials
 from schemas.kafka.config import QUIET_LOGGER, producer_config
 from schemas.kafka.security import Secret
 from schemas.kafka.topics import topic_names
-from schemas.kafka.versions import announce_version
 from tests.conftest import _jar_unavailable
 
 pytestmark = [pytest.mark.integration]

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import schemas.kafka.versions as versions
+import schemas.kafka.announce as versions
 from compose import cli
 from compose.engines.vllm_rig import admin
 from compose.ops import versions as versions_cli

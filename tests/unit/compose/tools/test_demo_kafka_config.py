@@ -99,7 +99,7 @@ def test_demo_async_announces_and_streams_with_the_stacks_security(tmp_path, mon
         seen.append(settings.kafka)
         raise _Captured
 
-    monkeypatch.setattr("schemas.kafka.versions.announce_version", announce_version)
+    monkeypatch.setattr("schemas.kafka.announce.announce_version", announce_version)
     monkeypatch.setattr("consumers.trainer_stream.rollout_stream", rollout_stream)
     with pytest.raises(_Captured):
         loop.announce("step-0", 0)
