@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install jars claude-code codex vllm demo demo-async demo-collect why test test-loaded test-unit test-integration fuzz chaos imports lint bench clean
+.PHONY: install jars claude-code codex vllm demo demo-async demo-collect why test test-unit test-integration fuzz chaos imports lint bench clean
 
 install: $(VENV)/.installed
 
@@ -83,10 +83,6 @@ why: install
 # else testcontainers, else the jar broker this session starts from .kafka/libs).
 test: install jars vllm
 	$(BIN)/pytest -q -ra --durations=15 $(PYTEST_ARGS)
-
-# The loaded 20-update keep-pause test on real vLLM (issue 25), held out of `make test` for its 33-223 s on 2 cores.
-test-loaded: install jars vllm
-	TOKENTRAIL_LOADED_TESTS=1 $(BIN)/pytest -q -s tests/integration/e2e/test_vllm_versions.py -k twenty $(PYTEST_ARGS)
 
 test-unit: install
 	$(BIN)/pytest -q tests/unit
