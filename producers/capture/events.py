@@ -155,7 +155,7 @@ def captured_call(
 ) -> CallCaptured:
     """The CallCaptured of a served call (full prompt; the processor resolves and verifies the parent).
 
-    ``version_facts``: the ``CallFacts`` version fields (``CaptureCore.version_facts``).
+    ``version_facts``: the ``CallFacts`` version fields (``producers.capture.call_versions.version_facts``).
     """
     full = tokens.prompt_token_ids + tokens.generation_token_ids
     root = not ctx.request_fingerprint

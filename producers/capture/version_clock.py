@@ -16,7 +16,7 @@ trainer's procedure; the second is not guaranteed: vLLM's pause returns 20 ms af
 stops, and on a loaded host chunks generated before it were seen to arrive after the
 announcement (a CI run, abort mode: 541 tokens of the old weights). A call continued across
 aborts is therefore labelled by its parts (``part_ends``), not by its marks
-(``CaptureCore.version_facts``). An engine that reports its own spans (vLLM 0.33
+(``producers.capture.call_versions.version_facts``). An engine that reports its own spans (vLLM 0.33
 ``return_weight_versions``) is always preferred.
 
 A lag never makes a token old: ``tokentrail versions announce`` returns only once every live

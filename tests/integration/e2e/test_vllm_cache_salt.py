@@ -1,5 +1,5 @@
 """No KV cache across policy versions, on real vLLM: the prefix cache serves a prompt again within a
-version, and not once the interceptor follows a new one (``CaptureCore.cache_salt``; vLLM's prefix-cache
+version, and not once the interceptor follows a new one (``producers.capture.call_versions.cache_salt``; vLLM's prefix-cache
 keys do not include the weights, its docs recommend a salt per weight version)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """No KV cache across policy versions: every request the engine gets carries a ``cache_salt`` naming the
-current version (``CaptureCore.cache_salt``), a harness's own salt kept in front of it, and a part
+current version (``producers.capture.call_versions.cache_salt``), a harness's own salt kept in front of it, and a part
 continued after an abort has a salt of its own (it shares no KV with anything)."""
 
 from __future__ import annotations

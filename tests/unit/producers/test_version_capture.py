@@ -1,4 +1,4 @@
-"""Per-token policy versions at capture (producers.capture.core.version_facts, producers.capture.version_clock).
+"""Per-token policy versions at capture (producers.capture.call_versions.version_facts, producers.capture.version_clock).
 
 The engine's own spans win when they name a version; a stream the engine labels nothing is split
 where the announced version changed as its chunks arrived; a non-streamed call is bracketed.
