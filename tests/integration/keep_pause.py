@@ -3,12 +3,12 @@
 Shared by the stand-in engine's test (``tests/integration/producers/test_applied_versions.py``) and real
 vLLM's (``tests/integration/e2e/test_vllm_versions.py``). Each run: one streamed call through an
 in-process interceptor that follows the topic; at its first chunk the trainer pauses the engine
-(``keep``), updates it, announces ``v<k>`` with ``announce_version`` (which returns once every live
-interceptor applied it) and resumes: ``sync(k, announce)`` does all that (``label_sync`` for a label
-only; real vLLM's test passes ``push_weights``). ``updates_in_one_stream`` instead runs many label
-updates inside one long stream, each once more tokens arrived after the last resume: real vLLM's pause
-lands 0.6-2.2 s after it is asked on loaded cores, so a short stream per update often ended first, and a
-long one per update would cost minutes. A CPU burner (``cpu_burner``) loads the machine beside it.
+(``keep``), updates it, announces ``v<k>`` with one standing ``VersionAnnouncer`` (which returns once
+every live interceptor applied it) and resumes: ``sync(k, announce)`` does all that (``label_sync`` for a
+label only; real vLLM's test passes ``push_weights``). ``updates_in_one_stream`` instead runs many label
+updates inside one long stream, each once more tokens arrived after the last resume, the engine paced
+(``compose.engines.vllm_rig.pace``) so it is still generating after each resume. A CPU burner
+(``cpu_burner``) loads the machine beside it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from compose.engines.vllm_rig.admin import pause, resume, set_version
 from compose.engines.vllm_rig.pace import paced
 from producers.http.app import Interceptor
 from producers.settings import InterceptorSettings
-from schemas.kafka.announce import VersionAnnouncer, announce_version
+from schemas.kafka.announce import VersionAnnouncer
 from schemas.kafka.topics import TopicNames
 from schemas.records import CallCaptured
 from tests.unit.producers.conftest import RecordingPublisher
@@ -191,10 +191,11 @@ async def keep_pause_runs(engine_url: str, bootstrap: str, names: TopicNames, ru
     of them ``counts`` (default: every one), or ``budget_s`` seconds have passed (then fewer: the caller says)."""
     deadline = time.monotonic() + budget_s
     out: list[Run] = []
-    async with _interceptor(engine_url, bootstrap, names, strip) as (http, transport, publisher, model):
+    async with _interceptor(engine_url, bootstrap, names, strip) as (http, transport, publisher, model), \
+            _announcer(bootstrap, names) as announcer:
         k = first
         while sum(1 for r in out if counts is None or counts(r)) < runs and time.monotonic() < deadline:
-            out.append(await _one(http, transport, bootstrap, names, k, model, max_tokens, sync))
+            out.append(await _one(http, transport, announcer, k, model, max_tokens, sync))
             out[-1].captured = _last_capture(publisher)
             out[-1].truth = transport.truth[-1]
             k += 1
@@ -283,8 +284,8 @@ async def updates_in_one_stream(engine_url: str, bootstrap: str, names: TopicNam
         return OneStream(_last_capture(publisher), list(tap.arrivals), log)
 
 
-async def _one(http: httpx.AsyncClient, tap: Tap, bootstrap: str, names: TopicNames, k: int, model: str,
-               max_tokens: int, sync: Sync) -> Run:
+async def _one(http: httpx.AsyncClient, tap: Tap, announcer: VersionAnnouncer, k: int, model: str, max_tokens: int,
+               sync: Sync) -> Run:
     run = Run(k)
     rid = f"kp{k}-{uuid.uuid4().hex[:6]}"
 
@@ -293,7 +294,7 @@ async def _one(http: httpx.AsyncClient, tap: Tap, bootstrap: str, names: TopicNa
     def announce(label: str) -> None:  # before the resume; returns once every live interceptor applied it
         started = time.monotonic()
         run.before_announce_s = started - first[0]
-        announce_version(bootstrap, label, k, topic=names.policy_versions, confirm_timeout_s=20)
+        announcer.announce(label, k, confirm_timeout_s=20)
         run.announce_s = time.monotonic() - started
         run.seen_at_resume = tap.chunks
 
