@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install jars claude-code codex vllm demo demo-async demo-collect why test test-unit test-integration fuzz chaos imports lint bench clean
+.PHONY: install jars claude-code codex vllm demo demo-async demo-collect why test test-unit test-integration fuzz chaos soak imports lint bench clean
 
 install: $(VENV)/.installed
 
@@ -103,6 +103,10 @@ fuzz: install
 CHAOS_ARGS ?=
 chaos: install jars
 	$(BIN)/tokentrail chaos $(CHAOS_ARGS)
+
+# An hour of waves with a fault every 5 minutes and an announcement every 3 (SOAK_ARGS="--minutes 10" for less).
+soak: install jars
+	$(BIN)/tokentrail soak $(SOAK_ARGS)
 
 # Every performance budget in one table (compose/tools/bench/budgets.py): each benchmark, sized to take
 # about ten minutes in all, its BUDGET lines collected; exits 1 if a budget is missed (BENCH_ARGS, e.g.

@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "collect": ("compose.collect.cli", "run a harness over a task set, verify, deliver rewarded rollouts"),
     "bench": ("compose.tools.bench", "run a benchmark that prints figures"),
     "chaos": ("compose.tools.chaos.cli", "run concurrent rollouts while killing broker, processor, consumer, interceptor"),
+    "soak": ("compose.tools.soak.cli", "an hour of rollouts with faults and announcements, sampled every minute"),
 }
 
 
@@ -44,6 +45,7 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "demo-async": ("dev", ("numpy", "openai", "anthropic")),
     "bench": ("dev", ("numpy", "openai", "anthropic")),
     "chaos": ("dev", ("numpy", "openai", "anthropic")),
+    "soak": ("dev", ("numpy", "openai", "anthropic")),
 }
 
 

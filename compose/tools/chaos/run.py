@@ -31,7 +31,7 @@ from schemas.codec import decode_event
 from schemas.kafka.scan import TopicReader
 from schemas.records import CallCaptured, CallIncomplete, CallStarted
 
-__all__ = ["ChaosConfig", "run_chaos"]
+__all__ = ["ChaosConfig", "Evidence", "baseline_of", "chaos_stack", "evidence", "outcome_of", "run_chaos"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +70,7 @@ def run_chaos(config: ChaosConfig, *, log=print) -> list[Row]:
         bootstrap = broker.bootstrap
         log(f"chaos: own Kafka broker at {bootstrap} (pid {broker.pid}, {broker_dir})")
     tag = f"chaos{uuid.uuid4().hex[:8]}"
-    stack = _stack(config, bootstrap, tag)
+    stack = chaos_stack(config, bootstrap, tag)
     try:
         stack.start()
         return asyncio.run(_phases(config, stack, broker_dir, tag, log))
@@ -80,7 +80,7 @@ def run_chaos(config: ChaosConfig, *, log=print) -> list[Row]:
             kafka_broker.stop_broker(broker_dir)
 
 
-def _stack(config: ChaosConfig, bootstrap: str, tag: str) -> LocalStack:
+def chaos_stack(config: ChaosConfig, bootstrap: str, tag: str) -> LocalStack:
     d = config.run_dir
     sink_kwargs = {"path": str(d / "rollouts.jsonl"), "count_path": str(d / "sink.count"),
                    "plan_path": str(d / "sink.plan")}
@@ -99,7 +99,7 @@ async def _phases(config: ChaosConfig, stack: LocalStack, broker_dir: Path, tag:
     async with Supervisor(stack) as supervisor:
         started = time.monotonic()
         clean = await _phase(stack, workload, f"{tag}-clean", None, None, config)
-        baseline = _baseline(clean)
+        baseline = baseline_of(clean)
         log(f"chaos: clean run, {len(baseline)} rollouts in {time.monotonic() - started:.1f} s")
         phases: list[tuple[str, str | None]] = [("none (clean repeat)", None)]
         phases += [(FAULT_LABELS[name], name) for name in config.faults]
@@ -133,17 +133,17 @@ async def _phase(stack: LocalStack, workload: Workload, prefix: str, fault: str 
             raise
     runs = await driving
     delivered = await _wait_delivered(stack, [r.rollout_id for r in runs], config.deliver_timeout_s)
-    evidence = await asyncio.to_thread(_evidence, stack, {r.rollout_id for r in runs})
-    return [_outcome(r, delivered.get(r.rollout_id, []), evidence.get(r.rollout_id, _Evidence())) for r in runs]
+    found = await asyncio.to_thread(evidence, stack, {r.rollout_id for r in runs})
+    return [outcome_of(r, delivered.get(r.rollout_id, []), found.get(r.rollout_id, Evidence())) for r in runs]
 
 
-def _outcome(run: RolloutRun, records: list[dict[str, Any]], ev: _Evidence) -> Outcome:
+def outcome_of(run: RolloutRun, records: list[dict[str, Any]], ev: Evidence) -> Outcome:
     return Outcome(run.index, run.rollout_id, tuple(run.acked), run.failure, tuple(records), dict(ev.captured),
                    failed_attempts=run.failed_attempts, started=frozenset(ev.started),
                    incomplete=frozenset(ev.incomplete))
 
 
-def _baseline(outcomes: list[Outcome]) -> dict[int, str]:
+def baseline_of(outcomes: list[Outcome]) -> dict[int, str]:
     """The clean run's canonical record per index; a clean run that is not itself clean stops the run."""
     bad = [o.rollout_id for o in outcomes if o.failure or o.failed_attempts or len(o.records) != 1
            or o.records[0].get("mask_sample") is not False]
@@ -167,18 +167,20 @@ async def _wait_delivered(stack: LocalStack, rollout_ids: list[str], timeout: fl
 
 
 @dataclass
-class _Evidence:
+class Evidence:
     captured: Counter[str] = field(default_factory=Counter)
     started: set[str] = field(default_factory=set)
     incomplete: set[str] = field(default_factory=set)
 
 
-def _evidence(stack: LocalStack, rollout_ids: set[str]) -> dict[str, _Evidence]:
-    """Per rollout, what the event log holds: CallCaptured per call id (duplicates counted), intents, incompletes."""
-    found: dict[str, _Evidence] = defaultdict(_Evidence)
+def evidence(stack: LocalStack, rollout_ids: set[str], from_time_ms: int | None = None) -> dict[str, Evidence]:
+    """Per rollout, what the event log holds: CallCaptured per call id (duplicates counted), intents, incompletes.
+
+    ``from_time_ms``: only records written from then on (a soak's wave; chaos reads the whole log)."""
+    found: dict[str, Evidence] = defaultdict(Evidence)
     reader = TopicReader(stack.bootstrap)
     try:
-        for msg in reader.read_topic(stack.topics.rollout_events):
+        for msg in reader.read_topic(stack.topics.rollout_events, from_time_ms=from_time_ms):
             if msg.key() is None or msg.key().decode(errors="replace") not in rollout_ids:
                 continue
             event = decode_event(msg.value())

@@ -92,6 +92,7 @@ class Progress:
     acked: int = 0  # calls answered 2xx so far, all rollouts
     streaming: int = 0  # streams past their first chunk and not yet complete
     done: int = 0  # rollouts finished
+    calls: list[tuple[float, float]] = field(default_factory=list)  # (answered at, seconds) of each answered attempt
 
 
 async def drive(stack: LocalStack, prefix: str, workload: Workload, progress: Progress) -> list[RolloutRun]:
@@ -142,19 +143,24 @@ async def _call(client: openai.AsyncOpenAI, messages: list[dict[str, Any]], stre
     """One model call, retried while the fault lasts: its completion, or None after recording the failure."""
     kwargs: dict[str, Any] = dict(model="tokentrail-policy", messages=messages, tools=[WEATHER_TOOL])
     while True:
+        started = time.monotonic()
         try:
             if not stream:
-                return await client.chat.completions.create(**kwargs)
-            async with client.chat.completions.stream(**kwargs) as s:
-                counted = False
-                try:
-                    async for _event in s:
-                        if not counted:
-                            counted, progress.streaming = True, progress.streaming + 1
-                    return await s.get_final_completion()
-                finally:
-                    if counted:
-                        progress.streaming -= 1
+                answer = await client.chat.completions.create(**kwargs)
+            else:
+                async with client.chat.completions.stream(**kwargs) as s:
+                    counted = False
+                    try:
+                        async for _event in s:
+                            if not counted:
+                                counted, progress.streaming = True, progress.streaming + 1
+                        answer = await s.get_final_completion()
+                    finally:
+                        if counted:
+                            progress.streaming -= 1
+            now = time.monotonic()
+            progress.calls.append((now, now - started))
+            return answer
         except (openai.APIConnectionError, openai.InternalServerError) as exc:  # timeouts are connection errors
             why = f"{type(exc).__name__}: {exc.__cause__!r}" if exc.__cause__ else f"{type(exc).__name__}: {exc}"
             if time.monotonic() >= deadline:

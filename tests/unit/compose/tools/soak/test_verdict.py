@@ -1,0 +1,86 @@
+"""The soak's verdict: the chaos counts, RSS growth per service instance, the drain; its table and CSV."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from compose.tools.chaos.accounting import Row
+from compose.tools.chaos.workload import ChaosError
+from compose.tools.soak.cli import render, write_csv
+from compose.tools.soak.run import SoakConfig, SoakReport
+from compose.tools.soak.sampling import ProcessStats, Sample, percentile
+
+
+def _config(**kw) -> SoakConfig:
+    return SoakConfig(run_dir=Path("/tmp/unused"), minutes=60, **kw)
+
+
+def _sample(at_min: float, rss: dict[str, tuple[int, int]]) -> Sample:
+    return Sample(at_s=at_min * 60, processes={n: ProcessStats(pid=pid, rss_kib=kib, fds=10, threads=4)
+                                               for n, (pid, kib) in rss.items()})
+
+
+def _report(*samples: Sample, rows=(), drained_s: float = 1.0) -> SoakReport:
+    return SoakReport(rows=list(rows) or [Row("steady", rollouts=8, acked=24)], samples=list(samples),
+                      drained_s=drained_s)
+
+
+def test_a_clean_soak_passes_and_each_count_fails_it_by_name():
+    flat = [_sample(m, {"interceptor": (1, 80_000), "processor": (2, 90_000)}) for m in (5, 10, 30, 60)]
+    assert _report(*flat).verdict(_config()) == []
+    for count in ("lost", "duplicated", "unmasked_lost", "differs"):
+        row = Row("(a) broker kill -9, restart", rollouts=8, acked=24, **{count: 1})
+        assert _report(*flat, rows=[row]).verdict(_config()) == [f"(a) broker kill -9, restart: {count} 1"]
+
+
+def test_rss_growth_is_judged_from_minute_10_per_instance_and_never_for_the_stand_in_engine():
+    warmup = _sample(5, {"interceptor": (1, 50_000), "policy": (9, 100_000)})  # before the reference: ignored
+    ref = _sample(10, {"interceptor": (1, 80_000), "policy": (9, 100_000)})
+    grown = _sample(60, {"interceptor": (1, 88_001), "policy": (9, 300_000)})
+    assert _report(warmup, ref, grown).rss_growth(600) == pytest.approx({"interceptor": 0.1000125})
+    assert _report(warmup, ref, grown).verdict(_config()) == [
+        "interceptor RSS grew 10.0% from 10.0 min to the end (> 10%)"]
+    within = _sample(60, {"interceptor": (1, 88_000)})
+    assert _report(warmup, ref, within).verdict(_config()) == []
+    restarted = _sample(60, {"interceptor": (2, 200_000)})  # a new instance (a fault killed it): not compared
+    assert _report(warmup, ref, restarted).verdict(_config()) == []
+
+
+def test_a_load_that_did_not_drain_fails_and_says_what_was_left():
+    report = _report(_sample(10, {}), drained_s=-1.0)
+    report.state_after, report.state_before = (12, 4096), (0, 0)
+    (line,) = report.verdict(_config(drain_timeout_s=30))
+    assert "did not drain within 30 s" in line and "(12, 4096)" in line
+
+
+def test_the_reference_minute_is_10_for_an_hour_and_half_way_for_a_short_run():
+    assert _config().reference_s == 600
+    assert SoakConfig(run_dir=Path("/x"), minutes=3).reference_s == 90
+
+
+@pytest.mark.parametrize(("field", "value", "needle"), [
+    ("faults", ("kernel",), "faults=kernel: unknown"), ("minutes", 0, "minutes=0"),
+    ("fault_every_s", -1, "fault_every_s=-1"), ("rollouts", 0, "rollouts=0")])
+def test_bad_settings_name_the_field_before_anything_runs(field, value, needle):
+    with pytest.raises(ChaosError, match=needle):
+        SoakConfig(run_dir=Path("/x"), **{field: value})
+
+
+def test_percentile_is_by_nearest_rank():
+    assert percentile([], 0.5) == 0.0
+    assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
+    assert percentile([float(i) for i in range(1, 101)], 0.99) == 99.0
+    assert percentile([5.0], 0.99) == 5.0
+
+
+def test_the_table_and_the_csv_hold_every_sample(tmp_path):
+    report = _report(_sample(10, {"interceptor": (1, 80_000)}), _sample(20, {"interceptor": (1, 81_000)}))
+    report.tombstones, report.delivered = (10, 1060), 10
+    table = render(report, _config())
+    assert "retired headers 10 / 1060 B, 106 B per retired rollout" in table and "verdict: PASS" in table
+    write_csv(report, tmp_path / "soak.csv")
+    rows = list(csv.DictReader((tmp_path / "soak.csv").open()))
+    assert [r["interceptor_rss_kib"] for r in rows] == ["80000", "81000"]
