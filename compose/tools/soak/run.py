@@ -98,6 +98,7 @@ class SoakReport:
     state_after: tuple[int, int] = (0, 0)  # ... once the load drained
     tombstones: tuple[int, int] = (0, 0)  # retired rollouts' headers (keys, bytes) at the end
     delivered: int = 0
+    late_duplicates: list[str] = field(default_factory=list)  # rollouts delivered again after their wave
     drained_s: float = -1.0  # seconds from the last wave's end until lag 0 and state back; -1: not in time
     announced: list[str] = field(default_factory=list)
 
@@ -121,6 +122,9 @@ class SoakReport:
         failed += [f"{name} RSS grew {g:.1%} from {config.reference_s / 60:.1f} min to the end (> "
                    f"{config.rss_growth_max:.0%})" for name, g in self.rss_growth(config.reference_s).items()
                    if g > config.rss_growth_max + 1e-9]  # exactly the limit is within it
+        if self.late_duplicates:
+            failed.append(f"{len(self.late_duplicates)} record(s) delivered again after their wave was accounted: "
+                          f"{sorted(set(self.late_duplicates))[:5]}")
         if self.drained_s < 0:
             failed.append(f"the load did not drain within {config.drain_timeout_s:.0f} s: live state "
                           f"{self.state_after} (keys, bytes) vs {self.state_before} before, or consumer lag left")
@@ -145,21 +149,44 @@ def run_soak(config: SoakConfig, *, log=print) -> SoakReport:
         kafka_broker.stop_broker(broker_dir)
 
 
-class _SinkTail:
-    """The JSONL sink's records appended since the last read (whole lines only)."""
+class _Delivered:
+    """The JSONL sink's records, read as they are appended (whole lines only), held until their wave is accounted.
+
+    An hour delivers ~20,000 records of ~10 KB: an accounted wave's are dropped (``done``), and a record
+    that arrives later for an accounted rollout is a duplicate delivery (``late``), which fails the soak.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path, self.offset = path, 0
+        self.pending: dict[str, list[dict[str, Any]]] = {}
+        self.accounted: set[str] = set()
+        self.late: list[str] = []
 
-    def read(self) -> list[dict[str, Any]]:
+    @property
+    def count(self) -> int:
+        return len(self.accounted) + len(self.pending)
+
+    def read(self) -> None:
         if not self.path.exists():
-            return []
+            return
         with self.path.open("rb") as f:
             f.seek(self.offset)
             data = f.read()
         end = data.rfind(b"\n") + 1
         self.offset += end
-        return [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+        for line in data[:end].splitlines():
+            if line.strip():
+                record = json.loads(line)
+                rid = record["rollout_id"]
+                if rid in self.accounted:
+                    self.late.append(rid)
+                else:
+                    self.pending.setdefault(rid, []).append(record)
+
+    def done(self, rollout_ids: set[str]) -> None:
+        for rid in rollout_ids:
+            self.pending.pop(rid, None)
+        self.accounted |= rollout_ids
 
 
 async def _soak(config: SoakConfig, chaos: ChaosConfig, stack: LocalStack, broker_dir: Path, tag: str,
@@ -167,8 +194,7 @@ async def _soak(config: SoakConfig, chaos: ChaosConfig, stack: LocalStack, broke
     report = SoakReport()
     workload = Workload(rollouts=config.rollouts)
     expected_calls = sum(workload.tool_calls(i) + 1 for i in range(workload.rollouts))
-    tail = _SinkTail(config.run_dir / "rollouts.jsonl")
-    records: dict[str, list[dict[str, Any]]] = {}
+    delivered = _Delivered(config.run_dir / "rollouts.jsonl")
     state = ChangelogState(stack.bootstrap, f"{stack.processor_id}-rollout-state-changelog")
     announcer = VersionAnnouncer(stack.bootstrap, topic=stack.topics.policy_versions)
     progress = Progress()
@@ -187,7 +213,7 @@ async def _soak(config: SoakConfig, chaos: ChaosConfig, stack: LocalStack, broke
         while True:
             await asyncio.sleep(config.sample_every_s)
             sample = await asyncio.to_thread(_sample, stack, state, pids, report, progress.calls[since:],
-                                             time.monotonic() - started, len(records))
+                                             time.monotonic() - started, delivered.count)
             since = len(progress.calls)
             report.samples.append(sample)
             log(f"soak: {sample.at_s / 60:5.1f} min  " + _line(sample))
@@ -218,7 +244,7 @@ async def _soak(config: SoakConfig, chaos: ChaosConfig, stack: LocalStack, broke
                     ctx.progress.calls = progress.calls
                     unplanned = len(supervisor.unplanned)
                     wave_started = time.monotonic()
-                    outcomes = await _wave(stack, workload, f"{tag}-w{k}", fault, ctx, chaos, tail, records,
+                    outcomes = await _wave(stack, workload, f"{tag}-w{k}", fault, ctx, chaos, delivered,
                                            ctx.progress)
                     crashes = supervisor.unplanned[unplanned:]
                     note = "; ".join([label, *ctx.notes, f"{time.monotonic() - wave_started:.1f} s",
@@ -238,16 +264,17 @@ async def _soak(config: SoakConfig, chaos: ChaosConfig, stack: LocalStack, broke
             if report.drained_s >= 0:
                 report.drained_s = time.monotonic() - drain_started
             report.samples.append(await asyncio.to_thread(_sample, stack, state, pids, report, [],
-                                                          time.monotonic() - started, len(records)))
+                                                          time.monotonic() - started, delivered.count))
     finally:
         await asyncio.to_thread(announcer.close)
         state.close()
-    report.delivered = len(records)
+    delivered.read()  # anything delivered after its wave was accounted: a duplicate
+    report.delivered, report.late_duplicates = delivered.count, delivered.late
     return report
 
 
 async def _wave(stack: LocalStack, workload: Workload, prefix: str, fault: str | None, ctx: FaultContext | None,
-                chaos: ChaosConfig, tail: _SinkTail, records: dict[str, list[dict[str, Any]]], progress: Progress):
+                chaos: ChaosConfig, delivered: _Delivered, progress: Progress):
     """One wave of the workload (``fault`` beside it); what each rollout became (``compose.tools.chaos.run``)."""
     since_ms = int(time.time() * 1000) - 5_000
     driving = asyncio.ensure_future(drive(stack, prefix, workload, progress))
@@ -260,12 +287,16 @@ async def _wave(stack: LocalStack, workload: Workload, prefix: str, fault: str |
     runs = await driving
     wanted = {r.rollout_id for r in runs}
     deadline = time.monotonic() + chaos.deliver_timeout_s
-    while not wanted <= records.keys() and time.monotonic() < deadline:
-        for record in tail.read():
-            records.setdefault(record["rollout_id"], []).append(record)
+    while True:
+        delivered.read()
+        if wanted <= delivered.pending.keys() or time.monotonic() > deadline:
+            break
         await asyncio.sleep(0.25)
     found = await asyncio.to_thread(evidence, stack, wanted, since_ms)
-    return [outcome_of(r, records.get(r.rollout_id, []), found.get(r.rollout_id, Evidence())) for r in runs]
+    outcomes = [outcome_of(r, delivered.pending.get(r.rollout_id, []), found.get(r.rollout_id, Evidence()))
+                for r in runs]
+    delivered.done(wanted)
+    return outcomes
 
 
 def _sample(stack: LocalStack, state: ChangelogState, pids: dict[str, int], report: SoakReport,

@@ -1,7 +1,6 @@
-"""The soak, short (``make soak`` runs it for an hour): waves of 8 rollouts for 80 s on the run's own broker,
-a fault every 10 s (interceptor kill -9 with the broker down, processor kill -9, consumer kill between
-deliver and retire; the broker's own kill is the chaos test's and the hour's), a new policy version every
-30 s, a sample every 10 s.
+"""The soak, short (``make soak`` runs it for an hour): waves of 8 rollouts for 50 s on the run's own broker,
+a fault every 10 s (processor kill -9, consumer kill between deliver and retire; the broker and
+interceptor kills are the hour's, and `make chaos`'s), a new policy version every 20 s, a sample every 8 s.
 
 Every acknowledged call delivered exactly once, every record equal to its version's baseline, no
 tokentrail process growing past 10 % from half-way, the load drained back to the state held before it
@@ -22,15 +21,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 
 
 def test_a_short_soak_with_every_fault_loses_nothing_and_grows_nothing(tmp_path):
-    config = SoakConfig(run_dir=tmp_path / "soak", minutes=80 / 60, rollouts=8, fault_every_s=10,
-                        announce_every_s=30, sample_every_s=10,
-                        faults=("interceptor", "processor", "consumer"))
+    config = SoakConfig(run_dir=tmp_path / "soak", minutes=50 / 60, rollouts=8, fault_every_s=10,
+                        announce_every_s=20, sample_every_s=8, faults=("processor", "consumer"))
     report = run_soak(config, log=lambda line: None)
     table = render(report, config)
     print("\n" + table)
     assert report.verdict(config) == [], table
     faults = {row.fault.split()[0] for row in report.rows}
-    assert {"(b)", "(c)", "(d)"} <= faults, table  # each fault ran at least once
+    assert {"(b)", "(c)"} <= faults, table  # each fault ran at least once
     assert len(report.announced) >= 2 and len(report.samples) >= 6, table  # v0, then at least one more
     assert report.delivered == sum(row.rollouts for row in report.rows) and report.drained_s >= 0, table
     assert set(JUDGED) <= set(report.samples[0].processes), table

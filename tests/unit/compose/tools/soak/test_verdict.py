@@ -49,6 +49,12 @@ def test_rss_growth_is_judged_from_minute_10_per_instance_and_never_for_the_stan
     assert _report(warmup, ref, restarted).verdict(_config()) == []
 
 
+def test_a_rollout_delivered_again_after_its_wave_was_accounted_fails_it():
+    report = _report(_sample(10, {}))
+    report.late_duplicates = ["soak-w3-1", "soak-w3-1"]
+    assert report.verdict(_config()) == ["2 record(s) delivered again after their wave was accounted: ['soak-w3-1']"]
+
+
 def test_a_load_that_did_not_drain_fails_and_says_what_was_left():
     report = _report(_sample(10, {}), drained_s=-1.0)
     report.state_after, report.state_before = (12, 4096), (0, 0)
