@@ -87,8 +87,8 @@ def render(report, config) -> str:
                    f"{counts}")
     growth = report.rss_growth(config.reference_s)
     out.append("")
-    out.append(f"RSS growth from {config.reference_s / 60:.1f} min to the end (<= {config.rss_growth_max:.0%}): " +
-               ", ".join(f"{n} {g:+.1%}" for n, g in growth.items()) +
+    out.append(f"RSS growth from {config.reference_s / 60:.1f} min into each process's life to its last sample (<= "
+               f"{config.rss_growth_max:.0%}): " + ", ".join(f"{n} {g:+.1%}" for n, g in growth.items()) +
                (f"; restarts {dict(report.starts)}" if report.starts else ""))
     keys, size = report.tombstones
     per = f", {size / keys:.0f} B per retired rollout" if keys else ""

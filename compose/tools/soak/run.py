@@ -19,8 +19,9 @@ Guarantees and what is checked (``verdict``):
   delivered differs). All must be zero.
 - Every ``sample_every_s`` a ``Sample`` (``compose.tools.soak.sampling``). The RSS of each tokentrail
   process (``JUDGED``; the stand-in engine is sampled, not judged: it keeps four versions' tables) may
-  grow at most ``rss_growth_max`` from the reference sample (minute 10 of an hour-long run, half-way
-  through a short one) to the last, per service instance (a restart starts it over).
+  grow at most ``rss_growth_max`` from the reference sample (10 minutes into the process's life in an
+  hour-long run, half the run in a short one) to its last, per process instance: a fault restarts a
+  service and its memory with it (``SoakReport.rss_growth``).
 - After the last wave the load drains: the consumer's lag reaches 0 and the processor's live state
   (its changelog's live keys, retired rollouts' tombstone headers apart) returns to what it held
   before the first wave. The tombstones are counted apart: one small header per retired rollout,
@@ -50,7 +51,7 @@ from compose.tools.chaos.accounting import COUNTS, Row, account
 from compose.tools.chaos.faults import FAULT_LABELS, FAULTS, FaultContext, Supervisor
 from compose.tools.chaos.run import ChaosConfig, Evidence, baseline_of, chaos_stack, evidence, outcome_of
 from compose.tools.chaos.workload import ChaosError, Progress, Workload, drive
-from compose.tools.soak.sampling import ChangelogState, Sample, consumer_lag, percentile, process_stats
+from compose.tools.soak.sampling import ChangelogState, ProcessStats, Sample, consumer_lag, percentile, process_stats
 from schemas.kafka.announce import VersionAnnouncer
 
 __all__ = ["JUDGED", "SoakConfig", "SoakReport", "run_soak"]
@@ -85,7 +86,7 @@ class SoakConfig:
 
     @property
     def reference_s(self) -> float:
-        """When the RSS reference sample is taken: minute 10 of an hour or longer, half-way through a short run."""
+        """How far into a process's life its RSS reference sample is: 10 minutes in an hour or longer, else half the run."""
         return min(600.0, self.minutes * 60.0 / 2)
 
 
@@ -103,16 +104,25 @@ class SoakReport:
     announced: list[str] = field(default_factory=list)
 
     def rss_growth(self, reference_s: float) -> dict[str, float]:
-        """Per service, (last RSS / RSS at the reference sample) - 1, over samples of the same instance."""
+        """Per service, the largest (last RSS / RSS ``reference_s`` into its life) - 1 of any of its instances.
+
+        A fault restarts a service, and its memory with it: each process instance (pid) is judged on its
+        own, from its first sample at least ``reference_s`` after its first sample to its last. An
+        instance that did not live that long is not judged; a service none of whose instances did is
+        absent from the result (the table says which were).
+        """
         growth: dict[str, float] = {}
         for name in JUDGED:
-            series = [(s.at_s, s.processes[name]) for s in self.samples if name in s.processes]
-            ref = next((p for at, p in series if at >= reference_s), None)
-            if ref is None or not series:
-                continue
-            last = series[-1][1]
-            if last.pid == ref.pid and ref.rss_kib:
-                growth[name] = last.rss_kib / ref.rss_kib - 1
+            lives: dict[int, list[tuple[float, ProcessStats]]] = {}
+            for s in self.samples:
+                if name in s.processes:
+                    lives.setdefault(s.processes[name].pid, []).append((s.at_s, s.processes[name]))
+            for life in lives.values():
+                born = life[0][0]
+                ref = next((p for at, p in life if at - born >= reference_s), None)
+                if ref is not None and ref.rss_kib:
+                    g = life[-1][1].rss_kib / ref.rss_kib - 1
+                    growth[name] = max(growth.get(name, g), g)
         return growth
 
     def verdict(self, config: SoakConfig) -> list[str]:

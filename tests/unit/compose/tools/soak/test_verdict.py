@@ -36,17 +36,27 @@ def test_a_clean_soak_passes_and_each_count_fails_it_by_name():
         assert _report(*flat, rows=[row]).verdict(_config()) == [f"(a) broker kill -9, restart: {count} 1"]
 
 
-def test_rss_growth_is_judged_from_minute_10_per_instance_and_never_for_the_stand_in_engine():
+def test_rss_growth_is_judged_from_minute_10_of_each_instance_and_never_for_the_stand_in_engine():
     warmup = _sample(5, {"interceptor": (1, 50_000), "policy": (9, 100_000)})  # before the reference: ignored
     ref = _sample(10, {"interceptor": (1, 80_000), "policy": (9, 100_000)})
     grown = _sample(60, {"interceptor": (1, 88_001), "policy": (9, 300_000)})
-    assert _report(warmup, ref, grown).rss_growth(600) == pytest.approx({"interceptor": 0.1000125})
-    assert _report(warmup, ref, grown).verdict(_config()) == [
+    assert _report(warmup, ref, grown).rss_growth(300) == pytest.approx({"interceptor": 88_001 / 80_000 - 1})
+    assert _report(_sample(0, {"interceptor": (1, 70_000)}), warmup, ref, grown).verdict(_config()) == [
         "interceptor RSS grew 10.0% from 10.0 min to the end (> 10%)"]
     within = _sample(60, {"interceptor": (1, 88_000)})
-    assert _report(warmup, ref, within).verdict(_config()) == []
-    restarted = _sample(60, {"interceptor": (2, 200_000)})  # a new instance (a fault killed it): not compared
-    assert _report(warmup, ref, restarted).verdict(_config()) == []
+    assert _report(_sample(0, {"interceptor": (1, 70_000)}), ref, within).rss_growth(600) == pytest.approx(
+        {"interceptor": 0.1})
+    assert _report(_sample(0, {"interceptor": (1, 70_000)}), ref, within).verdict(_config()) == []
+
+
+def test_a_restarted_service_is_judged_per_instance_and_a_short_life_not_at_all():
+    first = [_sample(m, {"processor": (1, 80_000 + 1_000 * m)}) for m in (0, 10, 20)]  # +11 % from its minute 10
+    second = [_sample(m, {"processor": (2, 90_000)}) for m in (21, 31, 41, 50)]  # flat
+    third = [_sample(m, {"processor": (3, 500_000)}) for m in (55, 60)]  # lived 5 minutes: not judged
+    growth = _report(*first, *second, *third).rss_growth(600)
+    assert growth == pytest.approx({"processor": 100_000 / 90_000 - 1})  # the first, from its minute 10
+    assert _report(*second, *third).rss_growth(600) == {"processor": 0.0}
+    assert _report(*third).rss_growth(600) == {}
 
 
 def test_a_rollout_delivered_again_after_its_wave_was_accounted_fails_it():
