@@ -47,7 +47,7 @@ from typing import Any
 from compose.engines.vllm_rig.admin import set_version
 from compose.rig.kafka import broker as kafka_broker
 from compose.rig.stack import LocalStack
-from compose.tools.chaos.accounting import COUNTS, Row, account
+from compose.tools.chaos.accounting import COUNTS, Outcome, Row, account
 from compose.tools.chaos.faults import FAULT_LABELS, FAULTS, FaultContext, Supervisor
 from compose.tools.chaos.run import ChaosConfig, Evidence, baseline_of, chaos_stack, evidence, outcome_of
 from compose.tools.chaos.workload import ChaosError, Progress, Workload, drive
@@ -209,7 +209,6 @@ async def _soak(config: SoakConfig, chaos: ChaosConfig, stack: LocalStack, broke
     announcer = VersionAnnouncer(stack.bootstrap, topic=stack.topics.policy_versions)
     progress = Progress()
     started = time.monotonic()
-    pids: dict[str, int] = {}
 
     def announce(step: int) -> str:
         label = f"{tag}-v{step}"
@@ -222,8 +221,12 @@ async def _soak(config: SoakConfig, chaos: ChaosConfig, stack: LocalStack, broke
         since = 0
         while True:
             await asyncio.sleep(config.sample_every_s)
-            sample = await asyncio.to_thread(_sample, stack, state, pids, report, progress.calls[since:],
-                                             time.monotonic() - started, delivered.count)
+            try:
+                sample = await asyncio.to_thread(_sample, stack, state, report, progress.calls[since:],
+                                                 time.monotonic() - started, delivered.count)
+            except Exception as exc:  # a sampling error loses one minute's figures, never the soak
+                log(f"soak: a sample failed: {exc!r}")
+                continue
             since = len(progress.calls)
             report.samples.append(sample)
             log(f"soak: {sample.at_s / 60:5.1f} min  " + _line(sample))
@@ -273,7 +276,7 @@ async def _soak(config: SoakConfig, chaos: ChaosConfig, stack: LocalStack, broke
             report.drained_s = await asyncio.to_thread(_drain, stack, state, report, config.drain_timeout_s)
             if report.drained_s >= 0:
                 report.drained_s = time.monotonic() - drain_started
-            report.samples.append(await asyncio.to_thread(_sample, stack, state, pids, report, [],
+            report.samples.append(await asyncio.to_thread(_sample, stack, state, report, [],
                                                           time.monotonic() - started, delivered.count))
     finally:
         await asyncio.to_thread(announcer.close)
@@ -284,7 +287,7 @@ async def _soak(config: SoakConfig, chaos: ChaosConfig, stack: LocalStack, broke
 
 
 async def _wave(stack: LocalStack, workload: Workload, prefix: str, fault: str | None, ctx: FaultContext | None,
-                chaos: ChaosConfig, delivered: _Delivered, progress: Progress):
+                chaos: ChaosConfig, delivered: _Delivered, progress: Progress) -> list[Outcome]:
     """One wave of the workload (``fault`` beside it); what each rollout became (``compose.tools.chaos.run``)."""
     since_ms = int(time.time() * 1000) - 5_000
     driving = asyncio.ensure_future(drive(stack, prefix, workload, progress))
@@ -309,7 +312,7 @@ async def _wave(stack: LocalStack, workload: Workload, prefix: str, fault: str |
     return outcomes
 
 
-def _sample(stack: LocalStack, state: ChangelogState, pids: dict[str, int], report: SoakReport,
+def _sample(stack: LocalStack, state: ChangelogState, report: SoakReport,
             calls: list[tuple[float, float]], at_s: float, delivered: int) -> Sample:
     sample = Sample(at_s=at_s, rollouts=delivered, calls=len(calls))
     for name in _SERVICES:
