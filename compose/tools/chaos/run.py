@@ -31,7 +31,7 @@ from schemas.codec import decode_event
 from schemas.kafka.scan import TopicReader
 from schemas.records import CallCaptured, CallIncomplete, CallStarted
 
-__all__ = ["ChaosConfig", "Evidence", "baseline_of", "chaos_stack", "evidence", "outcome_of", "run_chaos"]
+__all__ = ["ChaosConfig", "Evidence", "baseline_of", "chaos_stack", "drive_under", "evidence", "outcome_of", "run_chaos"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +123,15 @@ async def _phases(config: ChaosConfig, stack: LocalStack, broker_dir: Path, tag:
 async def _phase(stack: LocalStack, workload: Workload, prefix: str, fault: str | None, ctx: FaultContext | None,
                  config: ChaosConfig) -> list[Outcome]:
     """Drive the workload as ``<prefix>-<i>`` with ``fault`` injected beside it; what each rollout became."""
-    progress = ctx.progress if ctx is not None else Progress()
+    runs = await drive_under(stack, prefix, workload, ctx.progress if ctx is not None else Progress(), fault, ctx)
+    delivered = await _wait_delivered(stack, [r.rollout_id for r in runs], config.deliver_timeout_s)
+    found = await asyncio.to_thread(evidence, stack, {r.rollout_id for r in runs})
+    return [outcome_of(r, delivered.get(r.rollout_id, []), found.get(r.rollout_id, Evidence())) for r in runs]
+
+
+async def drive_under(stack: LocalStack, prefix: str, workload: Workload, progress: Progress, fault: str | None,
+                      ctx: FaultContext | None) -> list[RolloutRun]:
+    """``drive`` the workload as ``<prefix>-<i>``, ``fault`` (its note added to ``ctx.notes``) injected beside it."""
     driving = asyncio.ensure_future(drive(stack, prefix, workload, progress))
     if fault is not None and ctx is not None:
         try:
@@ -131,10 +139,7 @@ async def _phase(stack: LocalStack, workload: Workload, prefix: str, fault: str 
         except BaseException:
             driving.cancel()
             raise
-    runs = await driving
-    delivered = await _wait_delivered(stack, [r.rollout_id for r in runs], config.deliver_timeout_s)
-    found = await asyncio.to_thread(evidence, stack, {r.rollout_id for r in runs})
-    return [outcome_of(r, delivered.get(r.rollout_id, []), found.get(r.rollout_id, Evidence())) for r in runs]
+    return await driving
 
 
 def outcome_of(run: RolloutRun, records: list[dict[str, Any]], ev: Evidence) -> Outcome:

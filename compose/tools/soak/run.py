@@ -49,8 +49,8 @@ from compose.rig.kafka import broker as kafka_broker
 from compose.rig.stack import LocalStack
 from compose.tools.chaos.accounting import COUNTS, Outcome, Row, account
 from compose.tools.chaos.faults import FAULT_LABELS, FAULTS, FaultContext, Supervisor
-from compose.tools.chaos.run import ChaosConfig, Evidence, baseline_of, chaos_stack, evidence, outcome_of
-from compose.tools.chaos.workload import ChaosError, Progress, Workload, drive
+from compose.tools.chaos.run import ChaosConfig, Evidence, baseline_of, chaos_stack, drive_under, evidence, outcome_of
+from compose.tools.chaos.workload import ChaosError, Progress, Workload
 from compose.tools.soak.sampling import ChangelogState, ProcessStats, Sample, consumer_lag, percentile, process_stats
 from schemas.kafka.announce import VersionAnnouncer
 
@@ -290,14 +290,7 @@ async def _wave(stack: LocalStack, workload: Workload, prefix: str, fault: str |
                 chaos: ChaosConfig, delivered: _Delivered, progress: Progress) -> list[Outcome]:
     """One wave of the workload (``fault`` beside it); what each rollout became (``compose.tools.chaos.run``)."""
     since_ms = int(time.time() * 1000) - 5_000
-    driving = asyncio.ensure_future(drive(stack, prefix, workload, progress))
-    if fault is not None and ctx is not None:
-        try:
-            ctx.notes.append(await FAULTS[fault](ctx))
-        except BaseException:
-            driving.cancel()
-            raise
-    runs = await driving
+    runs = await drive_under(stack, prefix, workload, progress, fault, ctx)
     wanted = {r.rollout_id for r in runs}
     deadline = time.monotonic() + chaos.deliver_timeout_s
     while True:
