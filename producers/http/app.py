@@ -51,9 +51,11 @@ from producers.dialects.registry import DIALECTS, DialectRegistry
 from producers.engine.info import EngineCatalog
 from producers.http import replies
 from producers.http.admission import (
+    BODY_READ,
     BodyTooLarge,
     ClientGone,
     declared_too_large,
+    drain,
     read_body,
     replay,
     rollout_refusal,
@@ -123,6 +125,11 @@ class Interceptor:
         if scope["type"] != "http":
             return
         response = await self.dispatch(Request(scope, receive))
+        if response.status_code >= 400 and not scope.get(BODY_READ):
+            # Refused before its body was read: read the rest (discarded) before answering, so the connection
+            # never closes on unread bytes, which resets it under the client (producers.http.admission.drain).
+            if not await drain(receive, self.settings.max_body_bytes):
+                response.headers["connection"] = "close"
         await response(scope, receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
@@ -271,6 +278,7 @@ class Interceptor:
         declared = declared_too_large(request.headers, limit)
         if declared is not None:
             return self._refuse(path, 413, declared, "request_too_large", "body_size")
+        request.scope[BODY_READ] = True  # read below, to its end or its limit: nothing to drain after
         try:
             body = await read_body(request.receive, limit)
         except BodyTooLarge as exc:

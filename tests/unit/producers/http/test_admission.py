@@ -151,3 +151,57 @@ async def test_a_streamed_body_is_counted_as_it_arrives_and_reading_stops_past_t
     assert sent[0]["status"] == 413 and b"max_body_bytes" in sent[1]["body"]
     assert received == 3  # 1200 bytes > 1000: stopped at the third message, not read on
     assert publisher.events == [] and upstream.requests == []
+
+
+def _receiver(*messages: dict):
+    queue = list(messages)
+    taken: list[dict] = []
+
+    async def receive() -> dict:
+        taken.append(queue.pop(0))
+        return taken[-1]
+
+    return receive, taken
+
+
+def _sender(sent: list[dict]):
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    return send
+
+
+@pytest.mark.parametrize(("messages", "ended", "read"), [
+    ([{"type": "http.request", "body": b"a" * 10, "more_body": True},
+      {"type": "http.request", "body": b"b" * 10, "more_body": False}], True, 2),  # the whole body
+    ([{"type": "http.request", "body": b"", "more_body": False}], True, 1),  # none (a GET)
+    ([{"type": "http.request", "body": b"a" * 10, "more_body": True}, {"type": "http.disconnect"}], True, 2),
+    ([{"type": "http.request", "body": b"a" * 60, "more_body": True},
+      {"type": "http.request", "body": b"b" * 60, "more_body": True},
+      {"type": "http.request", "body": b"never read", "more_body": False}], False, 2),  # past the limit: stop
+])
+def test_drain_reads_the_rest_of_a_body_within_the_limit(messages, ended, read):
+    from producers.http.admission import drain
+
+    receive, taken = _receiver(*messages)
+    assert asyncio.run(drain(receive, 100)) is ended
+    assert len(taken) == read
+
+
+async def test_a_refusal_before_the_body_was_read_reads_it_first_and_one_past_the_limit_closes(make, upstream,
+                                                                                                publisher):
+    """The refused request's body is drained before the answer (no reset); one too large is answered with a close."""
+    _, app = await make(max_body_bytes=100)
+    for size, closes in ((80, False), (300, True)):
+        chunks = [b"x" * 20] * (size // 20)
+        messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+        receive, taken = _receiver(*messages)
+        sent: list[dict] = []
+        send = _sender(sent)
+        scope = {"type": "http", "method": "POST", "path": "/nope", "raw_path": b"/nope", "query_string": b"",
+                 "headers": [(b"content-type", b"application/json")], "http_version": "1.1"}
+        await app(scope, receive, send)
+        assert sent[0]["status"] == 404
+        assert ((b"connection", b"close") in sent[0]["headers"]) is closes
+        assert len(taken) == (6 if closes else len(chunks))  # past the limit (100 bytes): no more is read
+    assert not publisher.events and not upstream.requests
