@@ -70,6 +70,7 @@ class SoakConfig:
     sample_every_s: float = 60.0
     faults: tuple[str, ...] = tuple(FAULTS)
     rss_growth_max: float = 0.10
+    processor_kills: int = 2  # per processor fault, each restart awaited
     drain_timeout_s: float = 180.0
     deliver_timeout_s: float = 240.0
 
@@ -83,6 +84,8 @@ class SoakConfig:
                 raise ChaosError(f"{name}={value!r} must be > 0")
         if self.rollouts < 1:
             raise ChaosError(f"rollouts={self.rollouts}: run at least one rollout per wave")
+        if self.processor_kills < 1:
+            raise ChaosError(f"processor_kills={self.processor_kills}: a processor fault kills it at least once")
 
     @property
     def reference_s(self) -> float:
@@ -148,8 +151,9 @@ def run_soak(config: SoakConfig, *, log=print) -> SoakReport:
     broker = kafka_broker.start_broker(broker_dir, partitions=4)
     log(f"soak: own Kafka broker at {broker.bootstrap} (pid {broker.pid})")
     tag = f"soak{uuid.uuid4().hex[:8]}"
-    chaos = ChaosConfig(run_dir=config.run_dir, rollouts=config.rollouts, faults=config.faults, processor_kills=2,
-                        consumer_kills=1, deliver_timeout_s=config.deliver_timeout_s)
+    chaos = ChaosConfig(run_dir=config.run_dir, rollouts=config.rollouts, faults=config.faults,
+                        processor_kills=config.processor_kills, consumer_kills=1,
+                        deliver_timeout_s=config.deliver_timeout_s)
     stack = chaos_stack(chaos, broker.bootstrap, tag)
     try:
         stack.start()
@@ -252,8 +256,8 @@ async def _soak(config: SoakConfig, chaos: ChaosConfig, stack: LocalStack, broke
                     ctx = FaultContext(stack=stack, supervisor=supervisor, progress=Progress(),
                                        expected_calls=expected_calls, expected_rollouts=workload.rollouts,
                                        broker_dir=broker_dir, sink_count_path=config.run_dir / "sink.count",
-                                       sink_plan_path=config.run_dir / "sink.plan", processor_kills=2,
-                                       consumer_kills=1)
+                                       sink_plan_path=config.run_dir / "sink.plan",
+                                       processor_kills=config.processor_kills, consumer_kills=1)
                     ctx.progress.calls = progress.calls
                     unplanned = len(supervisor.unplanned)
                     wave_started = time.monotonic()

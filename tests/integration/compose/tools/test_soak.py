@@ -1,5 +1,5 @@
-"""The soak, short (``make soak`` runs it for an hour): waves of 8 rollouts for 50 s on the run's own broker,
-a fault every 10 s (processor kill -9, consumer kill between deliver and retire; the broker and
+"""The soak, short (``make soak`` runs it for an hour): waves of 8 rollouts for 40 s on the run's own broker,
+a fault every 10 s (a processor kill -9, a consumer kill between deliver and retire; the broker and
 interceptor kills are the hour's, and `make chaos`'s), a new policy version every 20 s, a sample every 8 s.
 
 Every acknowledged call delivered exactly once, every record equal to its version's baseline, no
@@ -21,10 +21,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 
 
 def test_a_short_soak_with_every_fault_loses_nothing_and_grows_nothing(tmp_path):
-    # 50 s is mostly warm-up for the processes' memory (the interceptor's RSS rose 21 % in a 2-minute run's
+    # 40 s is mostly warm-up for the processes' memory (the interceptor's RSS rose 21 % in a 2-minute run's
     # first minute): here the bound catches only a gross leak; the hour judges 10 %.
-    config = SoakConfig(run_dir=tmp_path / "soak", minutes=50 / 60, rollouts=8, fault_every_s=10,
-                        announce_every_s=20, sample_every_s=8, faults=("processor", "consumer"), rss_growth_max=0.5)
+    config = SoakConfig(run_dir=tmp_path / "soak", minutes=40 / 60, rollouts=8, fault_every_s=10,
+                        announce_every_s=20, sample_every_s=8, faults=("processor", "consumer"), processor_kills=1,
+                        rss_growth_max=0.5)
     report = run_soak(config, log=lambda line: None)
     table = render(report, config)
     print("\n" + table)

@@ -79,7 +79,7 @@ def test_the_reference_minute_is_10_for_an_hour_and_half_way_for_a_short_run():
 
 @pytest.mark.parametrize(("field", "value", "needle"), [
     ("faults", ("kernel",), "faults=kernel: unknown"), ("minutes", 0, "minutes=0"),
-    ("fault_every_s", -1, "fault_every_s=-1"), ("rollouts", 0, "rollouts=0")])
+    ("fault_every_s", -1, "fault_every_s=-1"), ("rollouts", 0, "rollouts=0"), ("processor_kills", 0, "processor_kills=0")])
 def test_bad_settings_name_the_field_before_anything_runs(field, value, needle):
     with pytest.raises(ChaosError, match=needle):
         SoakConfig(run_dir=Path("/x"), **{field: value})
