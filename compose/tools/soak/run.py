@@ -5,8 +5,8 @@ Guarantees and what is checked (``verdict``):
 - The broker is the run's own (``<run_dir>/kafka``), every service a real ``tokentrail`` process, as in
   ``compose.tools.chaos``. A clean wave first gives the baseline record of each rollout index; then
   waves of ``rollouts`` concurrent tool-calling rollouts (streaming and not, ``Workload``) run back to
-  back under fresh ids (``<tag>-w<k>-<i>``) until ``minutes`` passed. A wave that starts
-  ``fault_every_s`` after the last fault gets the next one of ``faults`` (round robin; the chaos set:
+  back under fresh ids (``<tag>-w<k>-<i>``) until ``minutes`` passed and each fault ran once. A wave
+  that starts ``fault_every_s`` after the last fault gets the next of ``faults`` (round robin; the chaos set:
   broker, processor, interceptor kill -9, consumer kill between deliver and retire) injected under it
   (the label says "steady" for a wave without one).
 - Every ``announce_every_s`` a new policy version is labelled on the engine and announced (one standing
@@ -244,7 +244,8 @@ async def _soak(config: SoakConfig, chaos: ChaosConfig, stack: LocalStack, broke
             try:
                 baseline: dict[int, str] = {}
                 k, faults, last_fault, last_announce = 0, 0, time.monotonic(), time.monotonic()
-                while not baseline or time.monotonic() - started < config.minutes * 60:
+                # ``minutes``, and until each fault ran once (a short run on a slow host still has them all).
+                while not baseline or time.monotonic() - started < config.minutes * 60 or faults < len(config.faults):
                     k += 1
                     now = time.monotonic()
                     if now - last_announce >= config.announce_every_s:

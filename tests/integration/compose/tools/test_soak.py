@@ -32,7 +32,7 @@ def test_a_short_soak_with_every_fault_loses_nothing_and_grows_nothing(tmp_path)
     assert report.verdict(config) == [], table
     faults = {row.fault.split()[0] for row in report.rows}
     assert {"(b)", "(c)"} <= faults, table  # each fault ran at least once
-    assert len(report.announced) >= 2 and len(report.samples) >= 6, table  # v0, then at least one more
+    assert len(report.announced) >= 2 and len(report.samples) >= 4, table  # v0, then at least one more
     assert report.delivered == sum(row.rollouts for row in report.rows) and report.drained_s >= 0, table
     assert set(JUDGED) <= set(report.samples[0].processes), table
     assert report.tombstones[0] == report.delivered  # every rollout retired, its header kept apart from the state
