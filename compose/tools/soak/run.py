@@ -20,8 +20,8 @@ Guarantees and what is checked (``verdict``):
 - Every ``sample_every_s`` a ``Sample`` (``compose.tools.soak.sampling``). The RSS of each tokentrail
   process (``JUDGED``; the stand-in engine is sampled, not judged: it keeps four versions' tables) may
   grow at most ``rss_growth_max`` from the reference sample (10 minutes into the process's life in an
-  hour-long run, half the run in a short one) to its last, per process instance: a fault restarts a
-  service and its memory with it (``SoakReport.rss_growth``).
+  hour-long run, half the run in a short one, never under a minute) to its last, per process instance:
+  a fault restarts a service and its memory with it (``SoakReport.rss_growth``).
 - After the last wave the load drains: the consumer's lag reaches 0 and the processor's live state
   (its changelog's live keys, retired rollouts' tombstone headers apart) returns to what it held
   before the first wave. The tombstones are counted apart: one small header per retired rollout,
@@ -89,8 +89,10 @@ class SoakConfig:
 
     @property
     def reference_s(self) -> float:
-        """How far into a process's life its RSS reference sample is: 10 minutes in an hour or longer, else half the run."""
-        return min(600.0, self.minutes * 60.0 / 2)
+        """How far into a process's life its RSS reference sample is: 10 minutes in an hour or longer, else half the
+        run, and never under a minute (a process restarted by a fault spends its first one recovering: a
+        processor grew 77 -> 87 MiB in it)."""
+        return max(60.0, min(600.0, self.minutes * 60.0 / 2))
 
 
 @dataclass

@@ -2,9 +2,8 @@
 a fault every 10 s (a processor kill -9, a consumer kill between deliver and retire; the broker and
 interceptor kills are the hour's, and `make chaos`'s), a new policy version every 20 s, a sample every 8 s.
 
-Every acknowledged call delivered exactly once, every record equal to its version's baseline, no
-tokentrail process growing past 50 % from half-way (a gross leak), the load drained back to the state held before it
-(``compose.tools.soak.run.SoakReport.verdict``); and the run really did what it says: each fault
+Every acknowledged call delivered exactly once, every record equal to its version's baseline, the load
+drained back to the state held before it (``compose.tools.soak.run.SoakReport.verdict``); and the run really did what it says: each fault
 happened, versions were announced, samples were taken, retired rollouts' headers counted apart.
 """
 
@@ -20,12 +19,10 @@ from compose.tools.soak.run import JUDGED, SoakConfig, run_soak
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 
 
-def test_a_short_soak_with_every_fault_loses_nothing_and_grows_nothing(tmp_path):
-    # 40 s is mostly warm-up for the processes' memory (the interceptor's RSS rose 21 % in a 2-minute run's
-    # first minute): here the bound catches only a gross leak; the hour judges 10 %.
+def test_a_short_soak_with_faults_and_announcements_loses_nothing_and_drains(tmp_path):
+    # No process lives a judged minute here (SoakConfig.reference_s): memory growth is the hour's to judge.
     config = SoakConfig(run_dir=tmp_path / "soak", minutes=40 / 60, rollouts=8, fault_every_s=10,
-                        announce_every_s=20, sample_every_s=8, faults=("processor", "consumer"), processor_kills=1,
-                        rss_growth_max=0.5)
+                        announce_every_s=20, sample_every_s=8, faults=("processor", "consumer"), processor_kills=1)
     report = run_soak(config, log=lambda line: None)
     table = render(report, config)
     print("\n" + table)

@@ -72,9 +72,10 @@ def test_a_load_that_did_not_drain_fails_and_says_what_was_left():
     assert "did not drain within 30 s" in line and "(12, 4096)" in line
 
 
-def test_the_reference_minute_is_10_for_an_hour_and_half_way_for_a_short_run():
+def test_the_reference_minute_is_10_for_an_hour_half_way_for_a_short_run_and_never_under_one():
     assert _config().reference_s == 600
     assert SoakConfig(run_dir=Path("/x"), minutes=3).reference_s == 90
+    assert SoakConfig(run_dir=Path("/x"), minutes=0.5).reference_s == 60
 
 
 @pytest.mark.parametrize(("field", "value", "needle"), [
