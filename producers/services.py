@@ -159,8 +159,8 @@ def open_services(settings: InterceptorSettings, publisher: AckedProducer, upstr
 
 async def follow_versions(settings: InterceptorSettings, clock: VersionClock) -> Any:
     """Follow the policy-versions topic into ``clock`` (changes applied on this event loop), reporting what it
-    applied (``producers.capture.version_feed``); the follower, or None when the topic cannot be read (logged:
-    the admin route still sets versions)."""
+    applied (``producers.capture.version_feed``); the follower, or its stand-in that keeps trying to start it
+    when the topic cannot be read at startup."""
     from producers.capture.version_feed import follow
 
     return await follow(settings, clock)

@@ -210,7 +210,9 @@ class Interceptor:
             return replies.json_response({"status": "ok", "spooled": svc.core.writer.spooled if svc else 0,
                                        "policy_version": clock.label if clock else None,
                                        "policy_version_origin": (clock.origin or None) if clock else None,
-                                       "following_versions": self._versions is not None,
+                                       # False while a follower that could not start yet is retried
+                                       "following_versions": self._versions is not None
+                                       and getattr(self._versions, "follower", self._versions) is not None,
                                        # The id it reports applied versions under (announcers name it), and
                                        # whether its announced label is trusted now (the lease: version_feed).
                                        "version_instance": getattr(self._versions, "report_as", None)

@@ -17,6 +17,7 @@ import schemas.kafka.versions as kafka_versions
 from producers.capture import version_feed
 from producers.capture.version_clock import VersionClock
 from producers.settings import InterceptorSettings
+from schemas.errors import TransportError
 from schemas.policy_versions import PolicyVersion, observed_spans
 
 
@@ -126,6 +127,59 @@ async def test_a_report_follows_the_clock_and_the_first_lease_is_awaited(monkeyp
             break
         await asyncio.sleep(0.005)
     assert seen == [(3, "v3", "v3")]  # the clock already showed v3 when the report went out
+
+
+async def test_a_follower_that_cannot_start_is_tried_again_until_it_does(monkeypatch):
+    """The broker down at startup: no announced label meanwhile, then the follower starts and reports (soak finding)."""
+    FakeFollower.made.clear()
+    refusals = [2]
+
+    class Late(FakeFollower):
+        def start(self):
+            if refusals[0]:
+                refusals[0] -= 1
+                raise TransportError("cannot read t at b: Local: Broker transport failure")
+            return self
+
+    monkeypatch.setattr(kafka_versions, "VersionFollower", Late)
+    monkeypatch.setattr(version_feed, "RETRY_S", 0.02)
+    monkeypatch.setattr(version_feed, "FIRST_LEASE_WAIT_S", 0.01)
+    clock = VersionClock()
+    settings = InterceptorSettings(upstream_url="http://engine", bootstrap="unused:9092")
+    following = await version_feed.follow(settings, clock)
+    assert following.follower is None and not following.reporting and clock.label is None
+    for _ in range(200):
+        if following.follower is not None:
+            break
+        await asyncio.sleep(0.01)
+    started = following.follower
+    assert started is FakeFollower.made[-1] and len(FakeFollower.made) == 3  # two refused, the third started
+    assert following.reporting and started.report_as == following.report_as  # one identity across the tries
+    started.on_fresh(time.monotonic() + 5)
+    threading.Thread(target=started.on_change, args=(PolicyVersion(label="v2", step=2),)).start()
+    for _ in range(200):
+        if clock.label == "v2":
+            break
+        await asyncio.sleep(0.005)
+    assert clock.label == "v2" and clock.fresh and started.reports[-1] == (2, "v2")
+    await asyncio.to_thread(following.close)
+
+
+async def test_closing_a_follower_still_being_retried_stops_the_tries(monkeypatch):
+    class Never(FakeFollower):
+        def start(self):
+            raise TransportError("cannot read t at b")
+
+    monkeypatch.setattr(kafka_versions, "VersionFollower", Never)
+    monkeypatch.setattr(version_feed, "RETRY_S", 0.01)
+    following = await version_feed.follow(InterceptorSettings(upstream_url="http://engine", bootstrap="unused:9092"),
+                                          VersionClock())
+    await asyncio.sleep(0.05)
+    await asyncio.to_thread(following.close)
+    await asyncio.sleep(0.02)
+    tries = len(FakeFollower.made)
+    await asyncio.sleep(0.05)
+    assert len(FakeFollower.made) == tries and following._task.done()  # no try after the close
 
 
 def test_two_interceptors_in_one_process_report_under_distinct_ids():
