@@ -159,11 +159,18 @@ class RebuildConsumer:
                                                             session_timeout_ms=self.settings.session_timeout_ms,
                                                             fetch_wait_ms=self.settings.fetch_wait_ms,
                                                             security=self.settings.kafka))
-        consumer.subscribe([self.settings.topics.snapshots], on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        consumer.subscribe([self.settings.topics.snapshots], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                           on_lost=self._on_revoke)
         return consumer
+
+    def _on_assign(self, _consumer: Any, partitions: list[Any]) -> None:
+        # The client applies the assignment itself once this returns; the line is for whoever asks
+        # why a snapshot waits (a consumer that never joined its group logs nothing else).
+        log.info("assigned %s", _partition_list(partitions))
 
     def _on_revoke(self, _consumer: Any, partitions: list[Any]) -> None:
         # Deliveries still pending on these partitions will not commit: the new owner re-delivers.
+        log.info("revoked %s", _partition_list(partitions))
         self._offsets.forget((p.topic, p.partition) for p in partitions)
 
     async def run(self, *, stop: asyncio.Event | None = None, max_rollouts: int | None = None) -> ConsumerStats:
@@ -360,3 +367,8 @@ class RebuildConsumer:
         await asyncio.to_thread(self._consumer.close)
         await self._producer.close()
         await self.sink.close()
+
+
+def _partition_list(partitions: list[Any]) -> str:
+    return ", ".join(f"{p.topic}[{p.partition}]" for p in partitions) or "nothing"
+

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -195,6 +197,18 @@ def test_offset_tracker_commits_contiguous_prefixes_only():
     t.start(tp, 8)
     t.forget([tp])
     assert t.finish(tp, 8) is None
+
+
+def test_a_rebalance_is_logged_and_a_revoke_forgets_the_pending_offsets(caplog):
+    consumer, *_ = consumer_for(RecordingSink(Journal()), [])
+    tp = SimpleNamespace(topic="tokentrail.snapshots", partition=2)
+    with caplog.at_level(logging.INFO, logger="tokentrail.consumer"):
+        consumer._on_assign(None, [tp])
+        consumer._offsets.start(("tokentrail.snapshots", 2), 7)
+        consumer._on_revoke(None, [tp])
+    # A consumer that never joined its group logs nothing else: these lines tell a stuck join apart.
+    assert "assigned tokentrail.snapshots[2]" in caplog.text and "revoked tokentrail.snapshots[2]" in caplog.text
+    assert consumer._offsets.pending(("tokentrail.snapshots", 2)) == []  # the new owner delivers them
 
 
 async def test_retire_can_be_turned_off():
