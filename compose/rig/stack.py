@@ -114,12 +114,15 @@ class LocalStack:
             if self.upstream_url is None:
                 policy = self._spawn("policy", "policy", "--port", "0", *self.policy_args, env=self.policy_env)
                 policy.url = policy.wait_line("policy listening on ").split()[-1]
+            # The pipeline's processes start side by side: each start is mostly its imports and, for the
+            # fold worker, a group join; one after another they took ~4 s of every stack's start.
+            processor = self.add_processor("processor", wait=False) if self.with_pipeline else None
+            if self.with_pipeline:
+                self.add_consumer("consumer", sink_path=self.rollouts_path)
             if not self.interceptor_in_engine:
                 self.add_interceptor("interceptor")
-            if not self.with_pipeline:
-                return self
-            self.add_processor("processor")
-            self.add_consumer("consumer", sink_path=self.rollouts_path)
+            if processor is not None:
+                processor.wait_line("Worker ready", timeout=90)
         except BaseException:
             self.stop()
             raise
@@ -163,7 +166,8 @@ class LocalStack:
         return self._spawn(name, "consume", "--bootstrap", self.bootstrap, *sink,
                            "--group-id", group_id or f"{self.processor_id}-consumer",
                            "--topic-prefix", self.topic_prefix, "--topic-wait", str(self.topic_wait_s),
-                           *self._kafka_config_args("consumer"), *self.consumer_args)
+                           # INFO: its group's assignments, which a failed wait_rollouts prints
+                           "--log-level", "INFO", *self._kafka_config_args("consumer"), *self.consumer_args)
 
     def wait_log(self, name: str, needle: str, timeout: float = 90.0) -> str:
         """Wait until the service ``name`` logged a line containing ``needle``; that line."""
@@ -177,15 +181,14 @@ class LocalStack:
         service = self._service(name)
         del self.services[name]  # first: a watcher of the stack must never see this exit as a failure
         if sig != signal.SIGKILL:
-            terminate(service.proc, grace)
+            terminate(service.proc, grace=grace)
         elif service.proc.poll() is None:
             os.killpg(service.proc.pid, signal.SIGKILL)
             service.proc.wait()
         return service.proc.returncode
 
     def stop(self) -> None:
-        for service in reversed(list(self.services.values())):
-            terminate(service.proc)
+        terminate(*(service.proc for service in reversed(list(self.services.values()))))
         self.services.clear()
 
     def __enter__(self) -> LocalStack:
