@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from compose.engines.vllm_rig.engine import score_prompt
+from compose.engines.vllm_rig.pace import paced
 from compose.harnesses.sdk import WEATHER_TOOL
 from compose.rig.stack import LocalStack
 from consumers.replay.eventlog import EventLog
@@ -107,9 +108,12 @@ def test_a_pause_mid_stream_records_the_call_aborted_and_the_harness_can_retry(k
         rid = f"pause-{uuid.uuid4().hex[:6]}"
         client = openai.OpenAI(base_url=stack.capture_base_url(rid), api_key="unused", max_retries=0, timeout=120)
         stream = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "go"}],
-                                                # Long enough that the pause always lands mid-generation (4,000
-                                                # tokens were sometimes all generated before it arrived).
-                                                max_tokens=30000, stream=True, extra_body={"ignore_eos": True})
+                                                # Paced (20 s of decode at most), so the pause lands mid-generation
+                                                # whatever the load: unpaced, 4,000 tokens were sometimes all
+                                                # generated before it arrived, and 30,000 held a core for the
+                                                # rest of the suite's broker and workers.
+                                                max_tokens=4000, stream=True,
+                                                extra_body={"ignore_eos": True, **paced(5)})
         chunks, error = 0, None
         paused = threading.Event()
         try:
