@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from compose.harnesses.sdk import run_rollout
-from compose.rig.kafka.broker import kill_broker, restart_broker, start_broker, stop_broker
+from compose.rig.kafka.broker import FAST_RESTART, kill_broker, restart_broker, start_broker, stop_broker
 from compose.rig.stack import LocalStack
 from schemas.codec import decode_event
 from schemas.ids import call_id_from_response_id
@@ -30,9 +30,6 @@ PLANS = {"reference": (8, 6, 0.0), "vllm": (24, 3, 0.25)}
 # The reference engine's emulated decode: ~20 tokens a call at 40 ms is ~1 s a call, so its 6-call
 # rollouts run through the whole outage (at 4 ms they could all end before the kill, 1 s in).
 REFERENCE_DECODE_MS = "40"
-# A KRaft node restarted after kill -9 waits out its previous registration's session before it
-# serves (broker.session.timeout.ms, 9 s by default): 13-16 s per restart here, 9 s with 3 s.
-FAST_RESTART = {"broker.session.timeout.ms": "3000", "broker.heartbeat.interval.ms": "500"}
 
 
 @pytest.fixture(scope="module")

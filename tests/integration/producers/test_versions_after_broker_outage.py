@@ -25,7 +25,7 @@ def _health(url: str) -> dict:
 
 
 def test_an_interceptor_started_during_a_broker_outage_follows_and_confirms_once_it_is_back(tmp_path):
-    broker = kafka_broker.start_broker(tmp_path / "kafka", partitions=1)
+    broker = kafka_broker.start_broker(tmp_path / "kafka", partitions=1, properties=kafka_broker.FAST_RESTART)
     try:
         with LocalStack(broker.bootstrap, tmp_path / "stack", topic_prefix=f"vo{uuid.uuid4().hex[:8]}.",
                         with_pipeline=False) as stack:
