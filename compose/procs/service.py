@@ -94,18 +94,28 @@ def spawn(name: str, argv: tuple[str, ...], *, log: Path, env: dict[str, str] | 
     return Service(name, proc, log, argv=argv, env=env)
 
 
-def terminate(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM the process group, SIGKILL it after ``grace`` seconds; reaped either way."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
+def terminate(*procs: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM each process group, SIGKILL those still running ``grace`` seconds later; all reaped either way.
+
+    All are signalled first and waited for against one deadline: a stack's services stop side by side
+    (each clean stop is mostly its own Kafka client closing), not one after another.
+    """
+    deadline = time.monotonic() + grace
+    running = [proc for proc in procs if proc.poll() is None]
+    for proc in running:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for proc in running:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
 
 
 def _die_with_parent() -> None:
