@@ -24,7 +24,11 @@ The four counts that must be zero (``COUNTS``, ``failing``):
   lost a call.
 - **differs**: the record is not what it must be. A rollout not hit must be delivered *equal
   to the baseline* after ``canonical``; a hit one equal to the baseline (its retries left
-  nothing behind) or *masked with at least one reason*; a rollout with no record differs.
+  nothing behind), or *masked with at least one reason*, or, when it lost no call, equal to the
+  baseline apart from the evidence its failed attempts left (``ATTEMPT_EVIDENCE``: an attempt the
+  engine aborted is a CallIncomplete, so the snapshot folded more events and says a call of it
+  was incomplete; the retry's capture is the trajectory, and the harness never saw the aborted
+  tokens); a rollout with no record differs.
 
 ``canonical`` is the record with what is legitimately run-specific taken out
 (``RUN_SPECIFIC_KEYS``, the rollout id, the model call ids): everything else, token ids,
@@ -41,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["RUN_SPECIFIC_KEYS", "Outcome", "Row", "account", "canonical", "failing", "render", "total"]
+__all__ = ["ATTEMPT_EVIDENCE", "RUN_SPECIFIC_KEYS", "Outcome", "Row", "account", "canonical", "failing", "render", "total"]
 
 # Fields dropped before comparing with the clean run, and why they legitimately differ.
 RUN_SPECIFIC_KEYS: Mapping[str, str] = {
@@ -52,6 +56,12 @@ RUN_SPECIFIC_KEYS: Mapping[str, str] = {
 _CALL_ID = re.compile(r"(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])")
 
 COUNTS = ("lost", "duplicated", "unmasked_lost", "differs")
+# What a retried attempt recorded incomplete legitimately changes in its rollout's record (dotted paths);
+# set aside only for a hit rollout that lost no call.
+ATTEMPT_EVIDENCE: Mapping[str, str] = {
+    "version": "the snapshot's version counts the events folded: the failed attempt's intent and marker",
+    "_ng_token_capture.capture_incomplete": "a call of the rollout ended incomplete (the attempt the harness retried)",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,15 +143,34 @@ def account(fault: str, outcomes: Sequence[Outcome], baseline: Mapping[int, str]
             row.unmasked_lost += 1
             row.problems.append(f"unmasked_lost: {o.rollout_id} delivered unmasked though it lost a call "
                                 f"({'; '.join(lost_call)})")
-        same = canonical(latest, o.rollout_id) == baseline.get(o.index)
         if hit and masked and latest.get("mask_reasons"):
             row.masked_as_expected += 1
-        elif not same:
+        elif not _matches(latest, o, baseline, retried=hit and not lost_call):
             row.differs += 1
             row.problems.append(f"differs: {o.rollout_id} record differs from the clean run's rollout {o.index}"
                                 f" (hit by the fault: {hit}, mask_sample={latest.get('mask_sample')}, reasons="
                                 f"{[r.get('code') for r in latest.get('mask_reasons', [])]})")
     return row
+
+
+def _matches(record: Mapping[str, Any], o: Outcome, baseline: Mapping[int, str], *, retried: bool) -> bool:
+    """``record`` equals the clean run's, or (``retried``: hit, no call lost) does apart from ``ATTEMPT_EVIDENCE``."""
+    text, clean = canonical(record, o.rollout_id), baseline.get(o.index)
+    if text == clean:
+        return True
+    return retried and clean is not None and _without_evidence(text) == _without_evidence(clean)
+
+
+def _without_evidence(text: str) -> str:
+    record = json.loads(text)
+    for path in ATTEMPT_EVIDENCE:
+        *parents, key = path.split(".")
+        node = record
+        for parent in parents:
+            node = node.get(parent) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(key, None)
+    return json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
 def total(rows: Sequence[Row]) -> Row:
@@ -165,7 +194,8 @@ _COLUMNS = (("fault", "fault", "<"), ("rollouts", "rollouts", ">"), ("acked", "a
             ("unmasked_lost", "UNMASKED+LOST CALL", ">"), ("differs", "DIFFERS", ">"))
 _LEGEND = ("LOST: acknowledged (2xx) calls lost; DUPLICATED: calls or rollouts delivered twice; UNMASKED+LOST CALL: "
            "rollouts delivered unmasked that lost a call; DIFFERS: records unlike the clean run's (a hit rollout may "
-           "instead be masked with a reason: 'masked ok'). hit: rollouts a retried attempt or a lost call of which "
+           "instead be masked with a reason: 'masked ok', or, having lost no call, differ only by the evidence of its "
+           "retried attempts: the snapshot version and capture_incomplete). hit: rollouts a retried attempt or a lost call of which "
            "the fault caused. The four upper-case columns must be 0.")
 
 

@@ -15,6 +15,14 @@ workload; it waits on the workload's live ``Progress`` so it lands under load:
   records and a stream is mid-flight, the interceptor is SIGKILLed, restarted on the same
   port and spool, and then the broker comes back: what the dead process acknowledged from its
   spool must reach Kafka from the new one.
+- ``engine-stall``: once a third of the calls were answered and a stream is mid-flight, the
+  engine freezes for ``engine_stall_s`` (vLLM's ``POST /pause?mode=keep``: generations in flight
+  stop between tokens, new ones queue), then resumes: shorter than every timeout, so no call
+  may fail and every record must equal the clean run's.
+- ``engine-abort``: at the same point the engine aborts every generation in flight
+  (``POST /pause?mode=abort``, vLLM's weight-sync pause) and resumes: each aborted call is
+  CallIncomplete(aborted) and a 503 (a stream: an error event) to its harness, so its rollout
+  is masked, or equal to the clean run's when the retry left nothing behind.
 
 The ``Supervisor`` polls the stack's processes: it restarts every service that exits, counts
 the exits a fault announced (``expect``) apart from the ones nobody announced (unplanned: a
@@ -104,6 +112,7 @@ class FaultContext:
     sink_count_path: Path
     sink_plan_path: Path
     broker_down_s: float = 6.0
+    engine_stall_s: float = 5.0
     processor_kills: int = 5
     consumer_kills: int = 3
     notes: list[str] = field(default_factory=list)
@@ -168,11 +177,42 @@ async def kill_interceptor(ctx: FaultContext) -> str:
     return f"killed with {spooled} spooled, {streaming} stream(s) mid-flight; broker down meanwhile"
 
 
+async def _mid_generation(ctx: FaultContext) -> tuple[int, int]:
+    """Wait for a third of the calls and a stream past its first chunk; (calls answered, streams in flight)."""
+    await ctx.calls_reach(1 / 3)
+    while ctx.progress.streaming == 0 and ctx.progress.done < ctx.expected_rollouts:
+        await asyncio.sleep(_POLL_S / 2)
+    return ctx.progress.acked, ctx.progress.streaming
+
+
+async def _pause_engine(ctx: FaultContext, mode: str, hold_s: float) -> None:
+    async with httpx.AsyncClient(base_url=ctx.stack.policy_url, timeout=30) as engine:
+        (await engine.post("/pause", params={"mode": mode})).raise_for_status()
+        try:
+            await asyncio.sleep(hold_s)
+        finally:
+            (await engine.post("/resume")).raise_for_status()
+
+
+async def stall_engine(ctx: FaultContext) -> str:
+    at, streaming = await _mid_generation(ctx)
+    await _pause_engine(ctx, "keep", ctx.engine_stall_s)
+    return f"engine frozen {ctx.engine_stall_s:.0f} s from call {at} with {streaming} stream(s) mid-flight"
+
+
+async def abort_engine(ctx: FaultContext) -> str:
+    at, streaming = await _mid_generation(ctx)
+    await _pause_engine(ctx, "abort", 0.5)
+    return f"engine aborted its generations at call {at} with {streaming} stream(s) mid-flight"
+
+
 FAULTS: dict[str, Callable[[FaultContext], Awaitable[str]]] = {
     "broker": kill_broker,
     "processor": kill_processor,
     "consumer": kill_consumer,
     "interceptor": kill_interceptor,
+    "engine-stall": stall_engine,
+    "engine-abort": abort_engine,
 }
 
 BROKER_KILLING = ("broker", "interceptor")  # faults that kill the broker: the run's own one only
@@ -182,5 +222,7 @@ FAULT_LABELS = {
     "processor": "(b) processor kill -9 (each restarted)",
     "consumer": "(c) consumer kill deliver..retire",
     "interceptor": "(d) interceptor kill -9 mid-stream",
+    "engine-stall": "(e) engine stall (pause keep, resume)",
+    "engine-abort": "(f) engine abort (pause abort, resume)",
 }
 

@@ -7,8 +7,8 @@ Guarantees and what is checked (``verdict``):
   waves of ``rollouts`` concurrent tool-calling rollouts (streaming and not, ``Workload``) run back to
   back under fresh ids (``<tag>-w<k>-<i>``) until ``minutes`` passed and each fault ran once. A wave
   that starts ``fault_every_s`` after the last fault gets the next of ``faults`` (round robin; the chaos set:
-  broker, processor, interceptor kill -9, consumer kill between deliver and retire) injected under it
-  (the label says "steady" for a wave without one).
+  broker, processor, interceptor kill -9, consumer kill between deliver and retire, engine stall and
+  abort) injected under it (the label says "steady" for a wave without one).
 - Every ``announce_every_s`` a new policy version is labelled on the engine and announced (one standing
   ``VersionAnnouncer``, which returns once the interceptor applied it), between two waves. The stand-in
   engine samples differently under each version, so a version's first wave, never faulted, is its
@@ -27,9 +27,6 @@ Guarantees and what is checked (``verdict``):
   before the first wave. The tombstones are counted apart: one small header per retired rollout,
   kept on purpose (ARCHITECTURE: late writers of a retired attempt are dead-lettered), so they grow
   with the rollouts ever retired, linearly; the table prints their bytes per rollout.
-
-Engine stalls and aborts are not among the faults: the chaos set has none yet (the stand-in engine's
-stall switch is driven by its own tests, ``tests/unit/producers/test_engine_stalls.py``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The soak, short (``make soak`` runs it for an hour): waves of 8 rollouts for 24 s on the run's own broker,
-a fault every 8 s (a processor kill -9, a consumer kill between deliver and retire; the broker and
-interceptor kills are the hour's, and `make chaos`'s), a new policy version every 12 s, a sample every 6 s.
+a fault every 6 s (a processor kill -9, a consumer kill between deliver and retire, an engine stall and an
+engine abort mid-generation; the broker and interceptor kills are the hour's, and `make chaos`'s), a new
+policy version every 12 s, a sample every 6 s.
 
 Every acknowledged call delivered exactly once, every record equal to its version's baseline, the load
 drained back to the state held before it (``compose.tools.soak.run.SoakReport.verdict``); and the run really did what it says: each fault
@@ -21,14 +22,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.real_broker]
 
 def test_a_short_soak_with_faults_and_announcements_loses_nothing_and_drains(tmp_path):
     # No process lives a judged minute here (SoakConfig.reference_s): memory growth is the hour's to judge.
-    config = SoakConfig(run_dir=tmp_path / "soak", minutes=24 / 60, rollouts=8, fault_every_s=8,
-                        announce_every_s=12, sample_every_s=6, faults=("processor", "consumer"), processor_kills=1)
+    config = SoakConfig(run_dir=tmp_path / "soak", minutes=24 / 60, rollouts=8, fault_every_s=6,
+                        announce_every_s=12, sample_every_s=6, processor_kills=1,
+                        faults=("processor", "consumer", "engine-stall", "engine-abort"))
     report = run_soak(config, log=lambda line: None)
     table = render(report, config)
     print("\n" + table)
     assert report.verdict(config) == [], table
     faults = {row.fault.split()[0] for row in report.rows}
-    assert {"(b)", "(c)"} <= faults, table  # each fault ran at least once
+    assert {"(b)", "(c)", "(e)", "(f)"} <= faults, table  # each fault ran at least once
     assert len(report.announced) >= 2 and len(report.samples) >= 4, table  # v0, then at least one more
     assert report.delivered == sum(row.rollouts for row in report.rows) and report.drained_s >= 0, table
     assert set(JUDGED) <= set(report.samples[0].processes), table

@@ -135,6 +135,28 @@ def test_a_hit_rollout_whose_retries_left_nothing_must_equal_the_baseline():
     assert drifted.differs == 1
 
 
+def test_a_retried_attempt_recorded_incomplete_may_leave_only_its_evidence_in_an_unmasked_record():
+    # The engine aborted an attempt (CallIncomplete), the harness retried it: the same trajectory, two more
+    # events folded, and the capture says a call of it was incomplete.
+    retried = _record("run1-fault-0", [A, B], version=7)
+    retried["_ng_token_capture"]["capture_incomplete"] = True
+    clean = _record("run1-clean-0", [X, Y], snapshot="9" * 32)
+    clean["_ng_token_capture"]["capture_incomplete"] = False
+    baseline = {0: canonical(clean)}
+    started, incomplete = frozenset({A, B, C}), frozenset({C})
+    ok = account("f", [_outcome(records=[retried], started=started, incomplete=incomplete, failed_attempts=1)],
+                 baseline)
+    assert _counts(ok) == ZERO and ok.fault_hit == 1
+    # Only for a rollout the fault hit, and only that evidence: a changed log-prob still differs.
+    not_hit = account("f", [_outcome(records=[retried], started=started, incomplete=incomplete)], baseline)
+    assert not_hit.differs == 1
+    drifted = copy.deepcopy(retried)
+    drifted["trajectory"]["log_probs"] = [-0.5, -1.0]
+    bad = account("f", [_outcome(records=[drifted], started=started, incomplete=incomplete, failed_attempts=1)],
+                  baseline)
+    assert bad.differs == 1
+
+
 def test_a_rollout_not_hit_but_masked_differs():
     row = account("f", [_outcome(records=[_record("run1-fault-0", [A, B], masked=True)])], BASELINE)
     assert _counts(row) == {**ZERO, "differs": 1}
