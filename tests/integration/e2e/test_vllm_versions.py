@@ -194,7 +194,10 @@ def test_a_stream_across_a_weight_update_has_two_version_spans_at_the_right_toke
 # token, so it is still generating after every resume whatever the load; unpaced, a 30,000-token stream once
 # ran out before the 20th update), one standing announcer for the 20 (one-shot announcements made three
 # clients each, and on CI one of the 20 stalled 53 s in their metadata requests).
-UPDATES, AFTER, STREAM_TOKENS = 20, 40, 6_000  # 20 x ~60 tokens are needed; the tap ends the stream after
+# 20 x ~60 tokens are needed at the least; the tap ends the stream after the 20th, so a longer one costs
+# nothing: the engine keeps generating while an update is asked, so on a loaded CI an update took ~330 of
+# the tokens and 6,000 ran out at the 18th.
+UPDATES, AFTER, STREAM_TOKENS = 20, 40, 24_000
 
 
 async def test_twenty_keep_pause_updates_under_load_never_label_a_token_older_than_its_version(
