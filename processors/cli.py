@@ -54,7 +54,14 @@ def main(args: argparse.Namespace) -> int:
         print(f"tokentrail process: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    from processors.app import check_topics, claim_local_state, create_app, faust_credentials, release_local_state
+    from processors.app import (
+        ProcessorWorker,
+        check_topics,
+        claim_local_state,
+        create_app,
+        faust_credentials,
+        release_local_state,
+    )
     from schemas.kafka.bridge import KafkaAuthFailed
     from schemas.kafka.security import KafkaConfigError
     from schemas.kafka.topics import TopicsUnavailable
@@ -71,13 +78,7 @@ def main(args: argparse.Namespace) -> int:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(settings)
     claim_local_state(app)
-    # Faust's worker owns the event loop, signals and shutdown.
-    from faust.worker import Worker
-
-    worker = Worker(app, loglevel=args.log_level.upper(), quiet=True)
-    # faust's startup spinner sets the root logger to DEBUG for good, so every debug call in
-    # aiokafka and faust builds a log record: about 6% of a busy worker's time.
-    worker.spinner = None
+    worker = ProcessorWorker(app, loglevel=args.log_level.upper())
     try:
         worker.execute_from_commandline()
     finally:

@@ -60,6 +60,10 @@ FAUST_PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("faust.stores.rocksdb.Store", "_db_for_partition"),  # DirectChangelogTable reads and writes it directly
     # the aiokafka producer under faust's, for its public create_batch/send_batch (changelog record batches)
     ("faust.transport.drivers.aiokafka.Producer", "_producer"),
+    # processors.app: DeclaredTables starts as faust's TableManager does, without its 1 s sleep, and
+    # ProcessorWorker closes its loop without mode's 1 s sentinel
+    ("faust.tables.TableManager", "_update_channels"),
+    ("faust.worker.Worker", "_sentinel_task"),
 )
 
 Record = tuple[bytes, bytes | None]  # a state write: key, value (None deletes)

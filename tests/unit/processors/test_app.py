@@ -134,3 +134,43 @@ async def test_an_event_is_acked_only_once_kafka_has_its_changelog_records_and_o
         await asyncio.sleep(0.05)
         assert second.message.acked
         assert app.acker.idle
+
+
+async def test_the_table_manager_starts_what_faust_starts_without_its_one_second_sleep(app, monkeypatch):
+    from processors.app import DeclaredTables
+
+    tables = app.tables
+    assert isinstance(tables, DeclaredTables)
+    started = []
+
+    async def no_sleep(seconds):  # Faust's own on_start sleeps 1 s here: every worker start and restart
+        raise AssertionError(f"slept {seconds} s")
+
+    async def update_channels():
+        started.append("channels")
+
+    async def recovery_start():
+        started.append("recovery")
+
+    monkeypatch.setattr(tables, "sleep", no_sleep)
+    monkeypatch.setattr(tables, "_update_channels", update_channels)
+    monkeypatch.setattr(tables.recovery, "start", recovery_start)
+    await tables.on_start()
+    assert started == ["channels", "recovery"]
+
+
+async def test_the_worker_closes_its_loop_without_mode_s_one_second_sentinel(app, monkeypatch):
+    from processors.app import ProcessorWorker
+
+    worker = ProcessorWorker(app, loglevel="WARNING")
+    assert worker.spinner is None  # faust's spinner would set the root logger to DEBUG
+    slept = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds, *args):
+        slept.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    await worker._sentinel_task()
+    assert slept == [0]
