@@ -2,8 +2,10 @@
 
 Used by the demo and the end-to-end tests. Every service is the real
 ``tokentrail`` subcommand in its own process (its own event loop, signals and
-logs under ``run_dir``), talking to a real Kafka broker. ``stop()`` terminates
-them in reverse order, SIGKILL after a grace period, and never leaves one behind.
+logs under ``run_dir``), talking to a real Kafka broker. ``start()`` starts the
+interceptor, processor and consumer side by side and returns once the interceptor
+answers and the processor joined its group; ``stop()`` signals them all at once,
+SIGKILLs what is left after a grace period, and never leaves one behind.
 
 Kafka security: each service connects with its role's client config file (``kafka_configs``; one file
 for every role: `one_kafka_config`), given as ``--kafka-config`` and as ``TOKENTRAIL_KAFKA_CONFIG`` in
