@@ -31,6 +31,9 @@ def test_a_short_soak_with_faults_and_announcements_loses_nothing_and_drains(tmp
     assert report.verdict(config) == [], table
     faults = {row.fault.split()[0] for row in report.rows}
     assert {"(b)", "(c)", "(e)", "(f)"} <= faults, table  # each fault ran at least once
+    hit = {label: sum(row.fault_hit for row in report.rows if row.fault.startswith(label)) for label in ("(e)", "(f)")}
+    # A stall shorter than every timeout fails no call; an abort lands on a generation in flight.
+    assert hit["(e)"] == 0 and hit["(f)"] >= 1, (hit, table)
     assert len(report.announced) >= 2 and len(report.samples) >= 4, table  # v0, then at least one more
     assert report.delivered == sum(row.rollouts for row in report.rows) and report.drained_s >= 0, table
     assert set(JUDGED) <= set(report.samples[0].processes), table
