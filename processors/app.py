@@ -74,6 +74,14 @@ from schemas.kafka.topics import MAX_MESSAGE_BYTES, wait_for_topics
 log = logging.getLogger("tokentrail.processor")
 
 STATE_TABLE = "rollout-state"
+# The changelog compacts only closed segments, and Kafka closes one at 1 GiB or after 7 days by default:
+# an hour's soak left 643,000 records in one open segment per partition, every one of them read again by
+# a worker recovering after kill -9 (110 s, against a live state of a few hundred keys). Segments of 16
+# MiB (the largest record) closed at least every 10 minutes keep what a recovery reads near the live
+# state plus the last 10 minutes. A changelog created before this keeps its old settings: alter it with
+# kafka-configs (docs/deploying.md, "The processor").
+CHANGELOG_CONFIG = {"max.message.bytes": str(MAX_MESSAGE_BYTES), "segment.bytes": str(MAX_MESSAGE_BYTES),
+                    "segment.ms": str(10 * 60 * 1000)}
 RUNNING_MARKER = "tokentrail-worker.running"
 
 
@@ -186,7 +194,7 @@ def create_app(settings: ProcessorSettings) -> ProcessorApp:
     table = cast(DirectChangelogTable,  # the app's Table class
                  app.Table(STATE_TABLE, default=None, partitions=p, key_type=bytes, value_type=bytes,
                            options=settings.rocksdb.as_options(),
-                           extra_topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES)}))
+                           extra_topic_configs=CHANGELOG_CONFIG))
     # Tables derive serializers from their types (json for bytes); state values are our own Avro bytes.
     table.key_serializer = "raw"
     table.value_serializer = "raw"
