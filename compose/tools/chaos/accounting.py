@@ -107,8 +107,16 @@ def canonical(record: Mapping[str, Any], rollout_id: str | None = None) -> str:
     return _CALL_ID.sub(lambda m: numbers.setdefault(m.group(0), f"<call{len(numbers)}>"), text)
 
 
-def account(fault: str, outcomes: Sequence[Outcome], baseline: Mapping[int, str], *, note: str = "") -> Row:
-    """One table row: the four counts over ``outcomes``, against the clean run's canonical records."""
+def account(fault: str, outcomes: Sequence[Outcome], baseline: Mapping[int, str], *, note: str = "",
+            versions_unreadable: bool = False) -> Row:
+    """One table row: the four counts over ``outcomes``, against the clean run's canonical records.
+
+    ``versions_unreadable``: the fault left the interceptor unable to read the policy-versions topic for a
+    while (restarted with the broker down), so a call it dispatched then is recorded with no dispatch
+    version. Unknown is what it must record (fail closed: a rollout whose tokens carry no version of their
+    own is masked ``unknown_policy_version``), so a span's ``dispatch_version`` may be null where the clean
+    run's names one; any other value still differs.
+    """
     row = Row(fault, rollouts=len(outcomes), note=note)
     for o in outcomes:
         row.acked += len(o.acked)
@@ -145,7 +153,7 @@ def account(fault: str, outcomes: Sequence[Outcome], baseline: Mapping[int, str]
                                 f"({'; '.join(lost_call)})")
         if hit and masked and latest.get("mask_reasons"):
             row.masked_as_expected += 1
-        elif not _matches(latest, o, baseline, retried=hit and not lost_call):
+        elif not _matches(latest, o, baseline, retried=hit and not lost_call, unknown_ok=versions_unreadable):
             row.differs += 1
             row.problems.append(f"differs: {o.rollout_id} record differs from the clean run's rollout {o.index}"
                                 f" (hit by the fault: {hit}, mask_sample={latest.get('mask_sample')}, reasons="
@@ -153,12 +161,33 @@ def account(fault: str, outcomes: Sequence[Outcome], baseline: Mapping[int, str]
     return row
 
 
-def _matches(record: Mapping[str, Any], o: Outcome, baseline: Mapping[int, str], *, retried: bool) -> bool:
-    """``record`` equals the clean run's, or (``retried``: hit, no call lost) does apart from ``ATTEMPT_EVIDENCE``."""
+def _matches(record: Mapping[str, Any], o: Outcome, baseline: Mapping[int, str], *, retried: bool,
+             unknown_ok: bool) -> bool:
+    """``record`` equals the clean run's; or does apart from ``ATTEMPT_EVIDENCE`` (``retried``: hit, no call
+    lost), or apart from dispatch versions it records as unknown (``unknown_ok``), or both."""
     text, clean = canonical(record, o.rollout_id), baseline.get(o.index)
     if text == clean:
         return True
-    return retried and clean is not None and _without_evidence(text) == _without_evidence(clean)
+    if clean is None or not (retried or unknown_ok):
+        return False
+    if unknown_ok:
+        text, clean = _unknown_dispatch_taken(text, clean)
+    if retried:
+        text, clean = _without_evidence(text), _without_evidence(clean)
+    return text == clean
+
+
+def _unknown_dispatch_taken(text: str, clean: str) -> tuple[str, str]:
+    """Both records with the clean run's ``dispatch_version`` set to null on each span where ``text`` has null."""
+    record, base = json.loads(text), json.loads(clean)
+    spans = (record.get("trajectory") or {}).get("spans") or []
+    base_spans = (base.get("trajectory") or {}).get("spans") or []
+    for span, base_span in zip(spans, base_spans):
+        if isinstance(span, dict) and isinstance(base_span, dict) and span.get("dispatch_version", "") is None:
+            base_span["dispatch_version"] = None
+    dump = json.dumps
+    return (dump(record, sort_keys=True, separators=(",", ":"), allow_nan=False),
+            dump(base, sort_keys=True, separators=(",", ":"), allow_nan=False))
 
 
 def _without_evidence(text: str) -> str:

@@ -45,7 +45,7 @@ from compose.rig.stack import LocalStack
 from compose.tools.chaos.killsink import read_count, write_plan
 from compose.tools.chaos.workload import ChaosError, Progress
 
-__all__ = ["BROKER_KILLING", "FAULTS", "FAULT_LABELS", "FaultContext", "Supervisor"]
+__all__ = ["BROKER_KILLING", "FAULTS", "FAULT_LABELS", "VERSIONS_UNREADABLE", "FaultContext", "Supervisor"]
 
 _POLL_S = 0.1
 _READY_S = 240.0  # a restart on a loaded 2-core box: a broker took 60 s, Faust's recovery longer
@@ -216,6 +216,10 @@ FAULTS: dict[str, Callable[[FaultContext], Awaitable[str]]] = {
 }
 
 BROKER_KILLING = ("broker", "interceptor")  # faults that kill the broker: the run's own one only
+# Faults after which the interceptor cannot read the policy versions for a while: (d) restarts it with the
+# broker down, so the calls it dispatches until it reads the topic are recorded with no version
+# (``compose.tools.chaos.accounting.account``'s ``versions_unreadable``).
+VERSIONS_UNREADABLE = ("interceptor",)
 
 FAULT_LABELS = {
     "broker": "(a) broker kill -9, restart",

@@ -24,7 +24,14 @@ from typing import Any
 from compose.rig.kafka import broker as kafka_broker
 from compose.rig.stack import LocalStack
 from compose.tools.chaos.accounting import Outcome, Row, account, canonical
-from compose.tools.chaos.faults import BROKER_KILLING, FAULT_LABELS, FAULTS, FaultContext, Supervisor
+from compose.tools.chaos.faults import (
+    BROKER_KILLING,
+    FAULT_LABELS,
+    FAULTS,
+    VERSIONS_UNREADABLE,
+    FaultContext,
+    Supervisor,
+)
 from compose.tools.chaos.killsink import TARGET
 from compose.tools.chaos.workload import ChaosError, Progress, RolloutRun, Workload, drive
 from schemas.codec import decode_event
@@ -115,7 +122,7 @@ async def _phases(config: ChaosConfig, stack: LocalStack, broker_dir: Path, tag:
             crashes = supervisor.unplanned[unplanned:]
             note = "; ".join([*ctx.notes, f"{time.monotonic() - started:.1f} s",
                               *([f"unplanned exits: {', '.join(crashes)}"] if crashes else [])])
-            rows.append(account(label, outcomes, baseline, note=note))
+            rows.append(account(label, outcomes, baseline, note=note, versions_unreadable=name in VERSIONS_UNREADABLE))
             log(f"chaos: {label}: {note}")
     return rows
 

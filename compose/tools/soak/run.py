@@ -45,7 +45,7 @@ from compose.engines.vllm_rig.admin import set_version
 from compose.rig.kafka import broker as kafka_broker
 from compose.rig.stack import LocalStack
 from compose.tools.chaos.accounting import COUNTS, Outcome, Row, account
-from compose.tools.chaos.faults import FAULT_LABELS, FAULTS, FaultContext, Supervisor
+from compose.tools.chaos.faults import FAULT_LABELS, FAULTS, VERSIONS_UNREADABLE, FaultContext, Supervisor
 from compose.tools.chaos.run import ChaosConfig, Evidence, baseline_of, chaos_stack, drive_under, evidence, outcome_of
 from compose.tools.chaos.workload import ChaosError, Progress, Workload
 from compose.tools.soak.sampling import ChangelogState, ProcessStats, Sample, consumer_lag, percentile, process_stats
@@ -269,7 +269,7 @@ async def _soak(config: SoakConfig, chaos: ChaosConfig, stack: LocalStack, broke
                     kind = FAULT_LABELS[fault] if fault else "steady" if baseline else "baseline (a version's first)"
                     if not baseline:  # the version's first wave, never faulted: its baseline (ChaosError if not clean)
                         baseline = baseline_of(outcomes)
-                    row = account(kind, outcomes, baseline, note=note)
+                    row = account(kind, outcomes, baseline, note=note, versions_unreadable=fault in VERSIONS_UNREADABLE)
                     report.rows.append(row)
                     if fault or any(getattr(row, c) for c in COUNTS):
                         log(f"soak: wave {k} {row.fault}: {note}; " + ", ".join(f"{c} {getattr(row, c)}" for c in COUNTS))

@@ -157,6 +157,21 @@ def test_a_retried_attempt_recorded_incomplete_may_leave_only_its_evidence_in_an
     assert bad.differs == 1
 
 
+def test_an_unknown_dispatch_version_passes_only_where_the_fault_left_the_versions_unreadable():
+    labelled = _record("run1-clean-0", [X, Y], snapshot="9" * 32)
+    for span in labelled["trajectory"]["spans"]:
+        span["dispatch_version"] = "v3"
+    baseline = {0: canonical(labelled)}
+    unknown = _record("run1-fault-0", [A, B])
+    unknown["trajectory"]["spans"][0]["dispatch_version"] = "v3"
+    unknown["trajectory"]["spans"][1]["dispatch_version"] = None  # dispatched before it could read the topic
+    assert _counts(account("f", [_outcome(records=[unknown])], baseline, versions_unreadable=True)) == ZERO
+    assert account("f", [_outcome(records=[unknown])], baseline).differs == 1  # any other fault: it differs
+    wrong = copy.deepcopy(unknown)
+    wrong["trajectory"]["spans"][1]["dispatch_version"] = "v2"  # a wrong label is never excused
+    assert account("f", [_outcome(records=[wrong])], baseline, versions_unreadable=True).differs == 1
+
+
 def test_a_rollout_not_hit_but_masked_differs():
     row = account("f", [_outcome(records=[_record("run1-fault-0", [A, B], masked=True)])], BASELINE)
     assert _counts(row) == {**ZERO, "differs": 1}
