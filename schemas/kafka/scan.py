@@ -163,8 +163,10 @@ def watermarks(consumer: Any, tp: Any, *, deadline: float) -> tuple[int, int]:
     """``get_watermark_offsets``, retried while the broker reports a retriable error.
 
     Why: right after the topic is created its leader may not be elected yet, and the broker answers
-    NOT_LEADER_FOR_PARTITION / LEADER_NOT_AVAILABLE for a moment (seen in CI); only a non-retriable
-    error, or one that outlasts ``deadline``, is raised.
+    NOT_LEADER_FOR_PARTITION / LEADER_NOT_AVAILABLE for a moment (seen in CI); and a loaded broker's
+    metadata can leave a partition out of the client's cache for a moment, which the client reports as
+    its local _UNKNOWN_PARTITION (seen in CI: an announcement failed on it, and a follower's lease check).
+    Only a non-retriable error, or one that outlasts ``deadline``, is raised.
     """
     while True:
         try:
@@ -174,7 +176,7 @@ def watermarks(consumer: Any, tp: Any, *, deadline: float) -> tuple[int, int]:
             error = exc.args[0] if exc.args else None
             retriable = getattr(error, "retriable", lambda: False)() or getattr(error, "code", lambda: None)() in (
                 confluent_kafka.KafkaError.NOT_LEADER_FOR_PARTITION, confluent_kafka.KafkaError.LEADER_NOT_AVAILABLE,
-                confluent_kafka.KafkaError.UNKNOWN_TOPIC_OR_PART)
+                confluent_kafka.KafkaError.UNKNOWN_TOPIC_OR_PART, confluent_kafka.KafkaError._UNKNOWN_PARTITION)
             if not retriable or time.monotonic() >= deadline:
                 raise
             time.sleep(0.2)
