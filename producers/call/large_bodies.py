@@ -32,12 +32,12 @@ This module knows no HTTP framework; ``producers.call.generation`` decides which
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import gc
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
+
+from producers.capture import c_heap
 
 __all__ = ["LARGE_BODIES_AT_ONCE", "LARGE_BODY_BYTES", "LargeBodies", "LargeCall"]
 
@@ -101,8 +101,8 @@ class LargeBodies:
             return  # another large call started meanwhile: its end releases
         self.releases += 1
         gc.collect()
-        if _MALLOC_TRIM is not None:
-            self._trimming = self._pool.submit(_MALLOC_TRIM, 0)
+        if c_heap.AVAILABLE:
+            self._trimming = self._pool.submit(c_heap.trim)
 
     async def close(self) -> None:
         """Stop the lane once a trim under way is done; steps that have not started are cancelled."""
@@ -133,18 +133,3 @@ class LargeCall:
         """The call's handler is done (its frames gone): free what it kept; once no large call is left,
         ``release_memory``."""
         self._lane._ended(self._kept)
-
-
-def _libc_malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None (another libc: nothing to trim with)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return cast("Callable[[int], int]", trim)
-
-
-_MALLOC_TRIM = _libc_malloc_trim()
