@@ -100,7 +100,7 @@ def canonical(record: Mapping[str, Any], rollout_id: str | None = None) -> str:
     """The record as comparable text: run-specific fields dropped, rollout and call ids replaced by placeholders."""
     rollout_id = rollout_id or str(record.get("rollout_id", ""))
     kept = {k: v for k, v in record.items() if k not in RUN_SPECIFIC_KEYS}
-    text = json.dumps(kept, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    text = _dump(kept)
     if rollout_id:
         text = text.replace(rollout_id, "<rollout>")
     numbers: dict[str, str] = {}
@@ -185,9 +185,7 @@ def _unknown_dispatch_taken(text: str, clean: str) -> tuple[str, str]:
     for span, base_span in zip(spans, base_spans):
         if isinstance(span, dict) and isinstance(base_span, dict) and span.get("dispatch_version", "") is None:
             base_span["dispatch_version"] = None
-    dump = json.dumps
-    return (dump(record, sort_keys=True, separators=(",", ":"), allow_nan=False),
-            dump(base, sort_keys=True, separators=(",", ":"), allow_nan=False))
+    return _dump(record), _dump(base)
 
 
 def _without_evidence(text: str) -> str:
@@ -199,6 +197,11 @@ def _without_evidence(text: str) -> str:
             node = node.get(parent) if isinstance(node, dict) else None
         if isinstance(node, dict):
             node.pop(key, None)
+    return _dump(record)
+
+
+def _dump(record: Any) -> str:
+    """The one serialisation every comparison uses (keys sorted, no spaces, no NaN)."""
     return json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
