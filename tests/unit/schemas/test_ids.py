@@ -22,14 +22,16 @@ from schemas.ids import (
 
 # Every id our producers and NeMo Gym mint: the interceptor and Gym's middleware (uuid4().hex), Gym's
 # conformance kit (consumers.gym.conformance: "call-1", "call-2", "call-lost"), and other common shapes.
-ACCEPTED = [new_model_call_id(), uuid.uuid4().hex, "call-1", "call-2", "call-lost", str(uuid.uuid4()), "c1", "a",
-            "0" * 32, "x" * 200, "chatcmpl-abc.1_2"]
+# Named by kind: the minted ones are random, and a test id must be the same in every collecting process (xdist).
+ACCEPTED = {"minted": new_model_call_id(), "uuid4-hex": uuid.uuid4().hex, "call-1": "call-1", "call-2": "call-2",
+            "call-lost": "call-lost", "uuid4": str(uuid.uuid4()), "c1": "c1", "a": "a", "zeros-32": "0" * 32,
+            "x-200": "x" * 200, "dotted": "chatcmpl-abc.1_2"}
 # What keys (NUL-separated), logs and the snapshot cannot hold, and what no producer mints.
 REFUSED = ["", "a/b", "/", "a\x00b", "a\nb", "abc\n", "a b", " call-1", "-lead", ".lead", "_lead", "x" * 201,
            "ü", "call\t1", "call:1", "a\x7fb"]
 
 
-@pytest.mark.parametrize("call_id", ACCEPTED)
+@pytest.mark.parametrize("call_id", list(ACCEPTED.values()), ids=list(ACCEPTED))
 def test_the_ids_our_producers_and_gym_mint_are_accepted(call_id):
     assert validate_model_call_id(call_id) == call_id
 
