@@ -6,8 +6,9 @@ Decision rule:
   the last user message (K from a ``#tool-calls=K`` directive in a system or user
   message, else the server default, 2) -> a tool call; ``tool_choice: "required"`` or a
   named tool always calls.
-* The tool is the named one, else a ``#tool=NAME`` directive, else ``Bash``/``bash`` if
-  offered, else the first.
+* The tool is the named one, else a ``#tool=NAME`` directive, else a harness's shell tool if
+  offered (``SHELL_TOOLS``: Claude Code's ``Bash``, ``bash``, the Gemini CLI's
+  ``run_shell_command``), else the first.
 * ``#parallel-calls=N`` makes one turn call the tool N times (arguments numbered on),
   which is what ``parallel_tool_calls=false`` is there to cut.
 * Codex's sub-agent tools (``spawn_agent``, ``wait_agent``) follow ``multi_agent``'s three rules.
@@ -36,6 +37,9 @@ _K_DIRECTIVE = re.compile(r"#tool-calls=(\d+)")
 _TOOL_DIRECTIVE = re.compile(r"#tool=([A-Za-z0-9_.:\-]+)")
 _PARALLEL_DIRECTIVE = re.compile(r"#parallel-calls=(\d+)")
 _ANSWER_DIRECTIVE = re.compile(r"#answer-words=(\d+)")
+
+#: Shell tools picked, in this order, when offered and nothing names a tool.
+SHELL_TOOLS = ("Bash", "bash", "run_shell_command")
 
 
 @dataclass
@@ -113,7 +117,7 @@ def decide_tool_calls(
         named = (tool_choice.get("function") or {}).get("name")
     if named is None and tool_choice != "required" and done >= (default_k if k is None else k):
         return []
-    for candidate in (named, wanted, "Bash", "bash"):
+    for candidate in (named, wanted, *SHELL_TOOLS):
         if candidate in offered:
             function = offered[candidate]
             break
@@ -146,7 +150,7 @@ def build_arguments(schema: dict, n: int, rng: np.random.Generator) -> dict[str,
             kind = next((k for k in kind if k != "null"), "string")
         if isinstance(prop.get("enum"), list) and prop["enum"]:
             args[name] = prop["enum"][0]
-        elif name in ("command", "cmd"):  # Claude Code's Bash, Codex's exec_command
+        elif name in ("command", "cmd"):  # Claude Code's Bash, the Gemini CLI's run_shell_command, Codex's exec_command
             args[name] = f"echo tokentrail-{n}"
         elif name in ("file_path", "path"):
             args[name] = f"/tmp/tokentrail-{n}.txt"

@@ -214,6 +214,16 @@ def test_tool_selection_order():
     assert decide_tool_call(conversation(0), [READ], "auto", 2, RNG).name == "Read"
 
 
+def test_the_gemini_clis_shell_tool_is_picked_over_the_first_tool():
+    # The Gemini CLI offers update_topic, list_directory, ... before run_shell_command.
+    shell = {"type": "function", "function": {"name": "run_shell_command", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
+        "required": ["command"]}}}
+    decision = decide_tool_call(conversation(0), [READ, shell], "auto", 2, RNG)
+    assert (decision.name, decision.arguments) == ("run_shell_command", '{"command": "echo tokentrail-1"}')
+    assert decide_tool_call(conversation(0), [READ, shell, BASH], "auto", 2, RNG).name == "Bash"
+
+
 def test_arguments_from_the_schema_are_json_dumps_text():
     decision = decide_tool_call(conversation(1), [READ], "auto", 2, np.random.default_rng(3))
     args = json.loads(decision.arguments)
