@@ -41,6 +41,8 @@ class Dialect(StrEnum):
     ANTHROPIC_MESSAGES = "ANTHROPIC_MESSAGES"
     RESPONSES = "RESPONSES"
     UNKNOWN = "UNKNOWN"
+    # Appended after UNKNOWN (the Avro symbol order is the wire index): Gemini's generateContent.
+    GOOGLE_GENERATE_CONTENT = "GOOGLE_GENERATE_CONTENT"
 
 
 class IncompleteReason(StrEnum):

@@ -1,18 +1,21 @@
 """Fields added to CallCaptured / CallFacts (finish_reason, max_tokens_sent, max_tokens_clamped,
-logprobs_mode, prefix_route): they round-trip, and events from every archived (older) writer still decode, with
-the new fields at their defaults."""
+logprobs_mode, prefix_route) and CallFacts.dialect symbols (GOOGLE_GENERATE_CONTENT): they round-trip, events from
+every archived (older) writer still decode, with the new fields at their defaults, and a reader that predates a symbol
+reads it as the enum's default."""
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 from importlib import resources
+from typing import Any
 
 import fastavro
 import pytest
 
 from schemas import codec
-from schemas.records import CallCaptured, IncompleteReason, PrefixRoute
+from schemas.records import CallCaptured, Dialect, IncompleteReason, PrefixRoute
 from tests.factories import event, incomplete, make_call
 
 NEW_CALL_FIELDS = {"finish_reason": "", "prefix_route": ""}
@@ -77,3 +80,32 @@ def test_an_event_from_an_older_writer_decodes_with_the_new_fields_at_their_defa
         assert getattr(back, name) == default
     for name, default in NEW_FACT_FIELDS.items():
         assert getattr(back.facts, name) == default
+
+
+def test_the_google_dialect_symbol_round_trips():
+    call = make_call([1, 2], [3], facts={"dialect": Dialect.GOOGLE_GENERATE_CONTENT})
+    assert codec.decode_event(codec.encode_event(event("r", call))).body.facts.dialect is Dialect.GOOGLE_GENERATE_CONTENT
+
+
+def _without_google(schema: Any) -> Any:
+    """``schema`` as a reader that predates GOOGLE_GENERATE_CONTENT wrote it (its .avsc, enum default included)."""
+    if isinstance(schema, dict):
+        if schema.get("type") == "enum" and schema.get("name") in ("Dialect", "tokentrail.Dialect"):
+            return {**schema, "symbols": [s for s in schema["symbols"] if s != "GOOGLE_GENERATE_CONTENT"]}
+        return {k: _without_google(v) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_without_google(v) for v in schema]
+    return schema
+
+
+def test_a_reader_before_the_google_symbol_reads_it_as_unknown():
+    """Adding an enum symbol is backward compatible because Dialect's Avro default is UNKNOWN: a reader whose
+    schema predates the symbol resolves it to UNKNOWN instead of failing."""
+    current = codec.event_codec().schema
+    old_reader = _without_google(copy.deepcopy(current))
+    assert old_reader != current and '"default": "UNKNOWN"' in json.dumps(old_reader)
+    datum = codec.to_avro(event("r", make_call([1, 2], [3], facts={"dialect": Dialect.GOOGLE_GENERATE_CONTENT})))
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, current, datum)
+    read = fastavro.schemaless_reader(io.BytesIO(buf.getvalue()), current, fastavro.parse_schema(old_reader))
+    assert read["body"]["facts"]["dialect"] == "UNKNOWN"
