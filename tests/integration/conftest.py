@@ -92,3 +92,16 @@ def codex():
     from compose.harnesses.codex import CodexUnavailable, ensure_codex
 
     return _pinned_cli(ensure_codex, CodexUnavailable, "Codex")
+
+
+@pytest.fixture(scope="module")
+def gemini_cli():
+    """The real Gemini CLI's entry script (``make gemini-cli``), run by Node.js >= 20."""
+    from compose.harnesses.gemini_cli import GeminiCliUnavailable, ensure_gemini_cli, node_executable
+
+    entry = _pinned_cli(ensure_gemini_cli, GeminiCliUnavailable, "Gemini")
+    try:
+        node_executable()
+    except GeminiCliUnavailable as exc:
+        pytest.skip(str(exc))
+    return entry
