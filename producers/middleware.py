@@ -217,9 +217,10 @@ def _route_raw_path(scope: Scope) -> bytes:
 def _unavailable(path: str, message: str) -> Any:
     """A 503 in the calling dialect's error shape."""
     try:
-        spec = DIALECTS.for_path(parse_route(path).api_path)
+        found = DIALECTS.match(parse_route(path).api_path)
     except ContractError:
-        spec = None
+        found = None
+    spec = found.spec if found is not None else None
     adapter = _adapters().get(spec.name) if spec else None
     if adapter is not None:
         return adapter.error(503, message, "capture_unavailable")

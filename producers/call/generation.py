@@ -90,16 +90,17 @@ async def handle_generation(svc: CaptureServices, request: Request, rollout_id: 
         large.ended()
 
 
-def read_request(raw: bytes, adapter: DialectAdapter) -> tuple[dict[str, Any], Any]:
-    """The request body and the dialect's reading of it; ValueError (or what the dialect's checks missed)
-    when it cannot be read. Pure: a large body's runs in a worker thread."""
+def read_request(raw: bytes, adapter: DialectAdapter, api_path: str = "", query: str = "") -> tuple[dict[str, Any], Any]:
+    """The request body and the dialect's reading of it (``api_path`` and ``query`` are the call's, for a dialect
+    whose path or query says part of the request); ValueError (or what the dialect's checks missed) when it
+    cannot be read. Pure: a large body's runs in a worker thread."""
     body = load_json(raw, "the request body")
     if not isinstance(body, dict):
         raise ValueError(f"the request body must be a JSON object, got a JSON {json_type(body)}")
     problem = nesting_problem(body)
     if problem is not None:
         raise ValueError(problem)
-    return body, adapter.parse(body)
+    return body, adapter.parse(body, api_path=api_path, query=query)
 
 
 async def _generation(svc: CaptureServices, request: Request, raw: bytes, rollout_id: str, api_path: str,
@@ -107,7 +108,9 @@ async def _generation(svc: CaptureServices, request: Request, raw: bytes, rollou
     """One call; ``large``: the body is large, its preparation runs in the lane's threads."""
     what = f"invalid {adapter.spec.wire.value.lower()} request"
     try:
-        body, parsed = read_request(raw, adapter) if large is None else await large.offload(read_request, raw, adapter)
+        query = bytes(request.scope.get("query_string") or b"").decode("latin-1")
+        body, parsed = (read_request(raw, adapter, api_path, query) if large is None
+                        else await large.offload(read_request, raw, adapter, api_path, query))
     except ValueError as exc:
         return adapter.error(400, f"{what}: {exc}", "invalid_request_error")
     except Exception as exc:  # a malformed request the dialect's checks missed: a 400 naming it, never a bare 500

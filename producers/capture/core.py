@@ -160,7 +160,8 @@ class CaptureCore:
             route=route,
             dialect=dialect,
             items=request_items(parsed.items, instructions=parsed.instructions, tools=parsed.tools),
-            facts=call_facts(route=route, dialect=dialect, body=body, upstream_body=upstream, headers=headers,
+            facts=call_facts(route=route, dialect=dialect, body={**body, **parsed.facts} if parsed.facts else body,
+                             upstream_body=upstream, headers=headers,
                              system=parsed.system, tools=parsed.tools, streamed=parsed.stream,
                              logprobs_mode=self.settings.logprobs_mode, max_tokens_clamped=clamped),
         )

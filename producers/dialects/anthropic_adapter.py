@@ -31,7 +31,7 @@ def _error_body(status: int, message: str) -> dict[str, Any]:
 
 
 class AnthropicAdapter(SpecAdapter):
-    def parse(self, body: dict[str, Any]) -> ParsedRequest:
+    def parse(self, body: dict[str, Any], *, api_path: str = "", query: str = "") -> ParsedRequest:
         anthropic.check_request(body)
         chat = anthropic.to_chat_request(body)
         items, instructions, tools = anthropic.hash_items(body)

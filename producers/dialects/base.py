@@ -40,6 +40,9 @@ class ParsedRequest:
     stream: bool = False
     keep_logprobs: bool = False
     original: dict[str, Any] = field(default_factory=dict)  # the harness's own request body
+    # Request fields ``CallFacts`` reads (model, max_output_tokens) that this dialect's body does not carry at
+    # the top level (Gemini: the model is in the path, the budget in generationConfig).
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
 class StreamAdapter(Protocol):
@@ -61,8 +64,11 @@ class DialectAdapter(Protocol):
 
     spec: DialectSpec
 
-    def parse(self, body: dict[str, Any]) -> ParsedRequest:
-        """Raise ValueError with a message naming the field for a request this dialect cannot serve."""
+    def parse(self, body: dict[str, Any], *, api_path: str = "", query: str = "") -> ParsedRequest:
+        """Raise ValueError with a message naming the field for a request this dialect cannot serve.
+
+        ``api_path`` (after the prefix) and ``query`` are the call's: a dialect whose path says part of
+        the request (Gemini's model, and whether it streams: ``registry.DialectSpec.match``) reads them."""
 
     def render(self, data: dict[str, Any], response_id: str, parsed: ParsedRequest) -> Response:
         """The harness's answer; ValueError (DialectError) when the engine's answer cannot be expressed."""
@@ -89,21 +95,24 @@ class TranslatingStream:
 
     ``dumps`` encodes one event's data as compact UTF-8 JSON (``common.compact_json``'s bytes; the
     adapters pass a faster encoder of the same bytes, which this pure module may not import).
+    ``encode`` frames one event (``common.encode_sse``: ``event:`` and ``data:`` lines; a dialect
+    whose events have no name passes ``common.encode_sse_data``).
     """
 
-    def __init__(self, translator: Any, error_event: Any, dumps: Any = compact_json) -> None:
+    def __init__(self, translator: Any, error_event: Any, dumps: Any = compact_json, encode: Any = encode_sse) -> None:
         self._t = translator
         self._error_event = error_event  # (status, message) -> bytes, in the dialect's shape
         self._dumps = dumps
+        self._encode = encode
 
     def feed(self, chunk: dict[str, Any], read: ChatChunk | None = None) -> bytes:
-        dumps = self._dumps
-        return b"".join(encode_sse(name, data, dumps) for name, data in self._t.feed(chunk, read))
+        dumps, encode = self._dumps, self._encode
+        return b"".join(encode(name, data, dumps) for name, data in self._t.feed(chunk, read))
 
     def finish(self) -> tuple[bytes, bytes]:
         rest, (name, data) = self._t.finish()
-        dumps = self._dumps
-        return b"".join(encode_sse(n, d, dumps) for n, d in rest), encode_sse(name, data, dumps)
+        dumps, encode = self._dumps, self._encode
+        return b"".join(encode(n, d, dumps) for n, d in rest), encode(name, data, dumps)
 
     def error(self, status: int, message: str, kind: str = "capture_error") -> bytes:
         return self._error_event(status, message)

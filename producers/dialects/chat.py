@@ -36,7 +36,7 @@ _PARAMETERS_HINT = 'a JSON Schema, e.g. {"type": "object", "properties": {}}'
 class ChatAdapter(SpecAdapter):
     """OpenAI chat completions: passed through, minus token fields, under the call's response id."""
 
-    def parse(self, body: dict[str, Any]) -> ParsedRequest:
+    def parse(self, body: dict[str, Any], *, api_path: str = "", query: str = "") -> ParsedRequest:
         check_chat_request(body)
         messages = body["messages"]
         system = [m.get("content") for m in messages if m.get("role") in ("system", "developer")]

@@ -120,6 +120,11 @@ def encode_sse(event: str, data: dict, dumps: Callable[[Any], bytes] = compact_j
     return b"event: " + event.encode() + b"\ndata: " + dumps(data) + b"\n\n"
 
 
+def encode_sse_data(event: str, data: dict, dumps: Callable[[Any], bytes] = compact_json) -> bytes:
+    """One SSE event without a name, ``data: {json}\\n\\n`` (Gemini's streams); ``event`` is ignored."""
+    return b"data: " + dumps(data) + b"\n\n"
+
+
 def join_text(texts: list[str]) -> str:
     """Several text parts of one non-assistant message as one string.
 

@@ -23,7 +23,7 @@ __all__ = ["ResponsesAdapter"]
 
 
 class ResponsesAdapter(SpecAdapter):
-    def parse(self, body: dict[str, Any]) -> ParsedRequest:
+    def parse(self, body: dict[str, Any], *, api_path: str = "", query: str = "") -> ParsedRequest:
         chat = responses.to_chat_request(body)
         items, instructions, tools = responses.hash_items(body)
         return ParsedRequest(chat_body=chat, items=items, instructions=instructions, tools=tools,

@@ -5,7 +5,7 @@ the capture prefix ``/ng-rollout/<id>/training-token-capture/``, the evaluation 
 ``/ng-rollout/<id>/``, bare paths; control routes behind a bearer token
 (``producers.http.control``), ``/metrics``, ``/healthz``. What each (method, API path) gets
 (capture: ``producers.call.generation``; correlate and forward: ``producers.http.replies.forward``;
-refuse: a 404/405 naming the route) is the route table's, ``producers.http.route_policy``.
+count: ``producers.call.count``; refuse: a 404/405 naming the route) is the route table's, ``producers.http.route_policy``.
 
 Before any handler runs, in this order: a path with a dot segment (``.``/``..``, raw or
 percent-encoded: ``producers.http.routing.PATH_RULE``) is a 400, checked before any route is
@@ -43,6 +43,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from producers.call.count import handle_count
 from producers.call.generation import handle_generation
 from producers.capture.core import CaptureCore
 from producers.capture.events import default_source
@@ -254,6 +255,8 @@ class Interceptor:
         admitted = await self._admit_body(request, path)
         if isinstance(admitted, Response):
             return admitted
+        if decision.policy is Policy.COUNT:
+            return await self._count(svc, admitted, route.api_path)
         if decision.policy is not Policy.CAPTURE or route.rollout_id is None:
             return await self.forward(svc, admitted, route.api_path)
         spec = self.dialects.for_path(route.api_path)
@@ -262,6 +265,15 @@ class Interceptor:
         if adapter is None:
             return await self._uncapturable(svc, admitted, route.rollout_id, route.api_path, f"the {spec.name} dialect")
         return await handle_generation(svc, admitted, route.rollout_id, route.api_path, adapter)
+
+    async def _count(self, svc: CaptureServices, request: Request, api_path: str) -> Response:
+        """A dialect's token count (route policy ``count``), answered by its adapter; nothing is recorded."""
+        found = self.dialects.match(api_path)
+        adapter = self.adapters.get(found.spec.name) if found is not None else None
+        if adapter is None or not callable(getattr(adapter, "count_request", None)):
+            return self.error_for(api_path, 404, f"POST {api_path}: no adapter of this interceptor counts tokens "
+                                                 "for this dialect; nothing was forwarded or recorded", "not_found_error")
+        return await handle_count(svc, request, api_path, adapter)
 
     # -- admission (producers.http.admission) ----------------------------------------
     def _rollout_secret(self) -> bytes | None:

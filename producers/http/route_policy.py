@@ -14,6 +14,9 @@ Policies (``Policy``):
   ``/ng-rollout/<id>/training-token-capture/``: captured with its exact token ids.
 * ``correlate``: the same routes under ``/ng-rollout/<id>/`` (evaluation): forwarded, never
   captured; the rollout id is in the URL for the harness's own logs.
+* ``count``: a dialect's token-counting route (``DialectSpec.count_path``, Gemini's
+  ``:countTokens``), POST, on every prefix: answered by the dialect's adapter from the engine's
+  ``/tokenize`` (``producers.call.count``); nothing is recorded, so it cannot mask a rollout.
 * ``forward``: the read-only routes harness SDKs call (``READ_ONLY``: model lists, token
   counting, health, tokenize), on every prefix; and the generating routes on bare paths.
   Forwarded unchanged; nothing is recorded, so none of them can mask a rollout.
@@ -40,6 +43,7 @@ __all__ = ["ENGINE_ADMIN", "READ_ONLY", "Decision", "Policy", "ReadOnlyRoute", "
 class Policy(Enum):
     CAPTURE = "capture"
     CORRELATE = "correlate"
+    COUNT = "count"
     FORWARD = "forward"
     REFUSE = "refuse"
 
@@ -94,7 +98,10 @@ def decide(kind: Kind, method: str, api_path: str, dialects: DialectRegistry, *,
     """The policy of ``method api_path`` reached through a route of ``kind`` (a trailing '/' ignored)."""
     method = method.upper()
     path = api_path.rstrip("/") or "/"
-    spec = dialects.for_path(path)
+    found = dialects.match(path)  # the registry decides which dialect a path belongs to
+    if found is not None and found.count and method == "POST":
+        return Decision(Policy.COUNT)
+    spec = found.spec if found is not None else None
     if spec is not None and method == "POST":
         return Decision({Kind.CAPTURE: Policy.CAPTURE, Kind.EVAL: Policy.CORRELATE,
                          Kind.BARE: Policy.FORWARD}[kind])
@@ -116,6 +123,6 @@ def decide(kind: Kind, method: str, api_path: str, dialects: DialectRegistry, *,
 
 
 def _allowed(dialects: DialectRegistry) -> str:
-    generating = [f"POST {spec.path}" for spec in dialects]
+    generating = [f"POST {path}" for spec in dialects for path in spec.paths()]
     read_only = [f"{'/'.join(r.methods)} {r.path}{'[/<id>]' if r.subpaths else ''}" for r in READ_ONLY]
     return ", ".join(generating + read_only)

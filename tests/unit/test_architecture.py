@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("schemas", "producers", "processors", "consumers", "compose")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 # Dialect modules that render HTTP responses (starlette); every other dialect module must be pure.
-DIALECT_ADAPTERS = {"chat", "anthropic_adapter", "responses_adapter"}
+DIALECT_ADAPTERS = {"chat", "anthropic_adapter", "responses_adapter", "google_adapter"}
 
 
 def _contracts() -> dict[str, dict]:

@@ -38,7 +38,7 @@ def _event(data: dict[str, Any]) -> bytes:
 
 
 class ToyAdapter(SpecAdapter):
-    def parse(self, body: dict[str, Any]) -> ParsedRequest:
+    def parse(self, body: dict[str, Any], *, api_path: str = "", query: str = "") -> ParsedRequest:
         prompt = expect(body.get("prompt"), "string", "prompt", "the text to complete")
         messages = [{"role": "user", "content": prompt}]
         chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}

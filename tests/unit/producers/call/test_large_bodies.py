@@ -84,11 +84,11 @@ async def test_a_large_bodys_preparation_runs_off_the_loop_while_the_loop_serves
     chat = app.adapters["chat"]
     parse, prefix_digests = chat.parse, core_module.conversation_prefix_digests
 
-    def blocked_parse(body):
+    def blocked_parse(body, **route):
         threads["parse"] = threading.get_ident()
         entered.set()
         assert gate.wait(BLOCKED_FOR_S), "the preparation was never let go: it held the event loop"
-        return parse(body)
+        return parse(body, **route)
 
     def recorded_digests(items):
         threads["describe"] = threading.get_ident()
@@ -113,7 +113,7 @@ async def test_a_small_body_is_prepared_on_the_loop_without_a_thread_hop(rig, mo
     engine.answers.append(vllm_chat_response([1, 2], [3]))
     chat = app.adapters["chat"]
     parse, threads = chat.parse, []
-    monkeypatch.setattr(chat, "parse", lambda body: threads.append(threading.get_ident()) or parse(body))
+    monkeypatch.setattr(chat, "parse", lambda body, **route: threads.append(threading.get_ident()) or parse(body, **route))
     response = await http.post(CHAT.format("r-small"), content=chat_body(conversation(turns=2, size=100)))
     assert response.status_code == 200, response.text
     assert threads == [threading.get_ident()]

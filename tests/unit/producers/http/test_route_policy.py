@@ -12,7 +12,8 @@ import pytest
 
 from producers.dialects.registry import DIALECTS
 from producers.http.route_policy import ENGINE_ADMIN, READ_ONLY, Policy, decide
-from producers.http.routing import Kind
+from producers.http.routing import PATH_RULE, Kind
+from tests.unit.producers import raw_asgi
 
 PREFIXES = {"bare": "", "eval": "/ng-rollout/r-1", "capture": "/ng-rollout/r-1/training-token-capture"}
 AUTH = {"authorization": "Bearer s3cret"}
@@ -20,13 +21,21 @@ AUTH = {"authorization": "Bearer s3cret"}
 
 # -- the table, pure -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec", list(DIALECTS), ids=lambda s: s.name)
-def test_generating_routes_are_captured_correlated_or_forwarded_by_prefix(spec):
-    assert decide(Kind.CAPTURE, "POST", spec.path, DIALECTS).policy is Policy.CAPTURE
-    assert decide(Kind.CAPTURE, "post", spec.path + "/", DIALECTS).policy is Policy.CAPTURE
-    assert decide(Kind.EVAL, "POST", spec.path, DIALECTS).policy is Policy.CORRELATE
-    assert decide(Kind.BARE, "POST", spec.path, DIALECTS).policy is Policy.FORWARD
-    wrong = decide(Kind.CAPTURE, "GET", spec.path, DIALECTS)
+def concrete(pattern: str) -> str:
+    """A path a harness sends for a registry path (a pattern's model and API version filled in)."""
+    return pattern.replace("{version}", "v1beta").replace("{model}", "gemini-2.5-flash")
+
+
+GENERATING = [concrete(p) for spec in DIALECTS for p in (spec.path, spec.stream_path) if p]
+
+
+@pytest.mark.parametrize("path", GENERATING)
+def test_generating_routes_are_captured_correlated_or_forwarded_by_prefix(path):
+    assert decide(Kind.CAPTURE, "POST", path, DIALECTS).policy is Policy.CAPTURE
+    assert decide(Kind.CAPTURE, "post", path + "/", DIALECTS).policy is Policy.CAPTURE
+    assert decide(Kind.EVAL, "POST", path, DIALECTS).policy is Policy.CORRELATE
+    assert decide(Kind.BARE, "POST", path, DIALECTS).policy is Policy.FORWARD
+    wrong = decide(Kind.CAPTURE, "GET", path, DIALECTS)
     assert (wrong.policy, wrong.status) == (Policy.REFUSE, 405) and "takes POST only" in wrong.message
 
 
@@ -125,3 +134,50 @@ async def test_forward_unknown_routes_forwards_bare_paths_and_still_refuses_pref
         r = await http.post(prefix + "/v1/completions", json={"prompt": "x"})
         assert r.status_code == 404 and "route policy: refuse" in r.text
     assert engine.paths() == ["/v1/completions"] and publisher.events == []
+
+
+# -- Gemini's path patterns (the registry decides; issue: the Google dialect) ---------------------------------
+
+GEMINI = "/v1beta/models/gemini-2.5-flash"
+
+
+@pytest.mark.parametrize("kind", list(Kind))
+def test_a_token_count_is_answered_on_every_prefix_and_takes_post_only(kind):
+    for version in ("v1beta", "v1"):
+        assert decide(kind, "POST", f"/{version}/models/gemini-2.5-flash:countTokens", DIALECTS).policy is Policy.COUNT
+    wrong = decide(kind, "GET", GEMINI + ":countTokens", DIALECTS)
+    assert (wrong.policy, wrong.status) == (Policy.REFUSE, 405)
+
+
+@pytest.mark.parametrize("path", [
+    "/v1beta/models/org/model-x:generateContent",  # the Gemini CLI puts `-m org/model-x` raw in the path
+    "/v1beta/models/a:b:generateContent", "/v1beta/models/a b:generateContent", "/v1beta/models/..:generateContent",
+    "/v1beta/models/.hidden:generateContent", "/v1beta/models/:generateContent", "/v1beta/models/m\\x:generateContent",
+    "/v1beta/models/m:embedContent", "/vbeta/models/m:generateContent", "/v1beta/tunedModels/m:generateContent",
+    "/x/v1beta/models/m:generateContent",
+])
+def test_a_model_or_method_outside_the_patterns_is_refused(path):
+    decision = decide(Kind.CAPTURE, "POST", path, DIALECTS)
+    assert (decision.policy, decision.status) == (Policy.REFUSE, 404), path
+    assert "POST /{version}/models/{model}:generateContent" in decision.message  # it says what is allowed
+
+
+@pytest.mark.parametrize("raw", [
+    b"/v1beta/models/org%2Fmodel:generateContent", b"/v1beta/models/gemini%3AcountTokens:generateContent",
+    b"/v1beta/models/m%5Cx:streamGenerateContent", b"/v1beta/models/%2e%2e:generateContent",
+    b"/v1beta/models/m%20x:countTokens",
+])
+async def test_an_encoded_separator_in_the_model_is_refused_and_nothing_is_recorded(app, upstream, publisher, raw):
+    r = await raw_asgi.call(app, "POST", b"/ng-rollout/r-1/training-token-capture" + raw,
+                            body=b'{"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}')
+    assert r.status == 404, (r.status, r.body[:300])
+    assert r.json()["error"]["status"] == "NOT_FOUND"  # Google's shape: the path names the dialect
+    assert upstream.requests == [] and publisher.all == []
+
+
+@pytest.mark.parametrize("raw", [b"/v1beta/models/%2e%2e/%2e%2e/sleep:generateContent",
+                                 b"/v1beta/models/..%2f..%2fsleep:streamGenerateContent"])
+async def test_a_dot_segment_before_a_gemini_method_is_the_path_rules_400(app, upstream, publisher, raw):
+    r = await raw_asgi.call(app, "POST", b"/ng-rollout/r-1/training-token-capture" + raw, body=b"{}")
+    assert r.status == 400 and PATH_RULE in r.json()["error"]["message"]
+    assert upstream.requests == [] and publisher.all == []
