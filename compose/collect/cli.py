@@ -58,7 +58,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--model", help="the model name the harness asks for (default: the harness's own)")
     g.add_argument("--agent-url", help="--harness remote: base URL of the agent service (POST /v1/responses)")
     g.add_argument("--max-steps", type=int, default=16, help="remote: agent-service steps; SDK loops: model turns")
-    g.add_argument("--max-turns", type=int, default=10, help="claude-code: --max-turns (default 10)")
+    g.add_argument("--max-turns", type=int, default=10, help="claude-code: --max-turns; gemini-cli: model calls "
+                   "(model.maxSessionTurns) (default 10)")
     g.add_argument("--allowed-tools", action="append", help="claude-code: an --allowedTools rule, repeatable "
                    "(default: Bash)")
     g.add_argument("--system-prompt", help="openai-sdk / anthropic-sdk: the system message")

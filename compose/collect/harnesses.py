@@ -10,6 +10,8 @@ the token ids are captured in the serving path, never read from the harness.
   ``API_TIMEOUT_MS`` for a call's deadline.
 * ``codex``: the real CLI (``compose.harnesses.codex``): a Responses provider in ``config.toml``
   (``wire_api = "responses"``) at the capture URL, ``stream_idle_timeout_ms`` for a call.
+* ``gemini-cli``: the real CLI (``compose.harnesses.gemini_cli``, Node.js): ``GOOGLE_GEMINI_BASE_URL`` at the
+  capture root, the API key as a Bearer token, ``model.maxSessionTurns`` for the turn budget.
 * ``openai-sdk`` / ``anthropic-sdk``: the SDK loops of ``compose.harnesses.sdk`` with the task's
   tool set (``compose.collect.tools``).
 * ``remote``: an agent service speaking the Responses contract (``compose.collect.remote_agent``).
@@ -190,6 +192,43 @@ class CodexHarness(_CliHarness):
         return HarnessOutcome(final_text=result.final_text, steps=turns)
 
 
+class GeminiCliHarness(_CliHarness):
+    name = "gemini-cli"
+
+    def _install(self) -> Path:
+        from compose.harnesses.gemini_cli import ensure_gemini_cli, node_executable
+
+        entry = ensure_gemini_cli()
+        node_executable()  # the bundle needs Node.js >= 20: refused at start-up, not at the first rollout
+        return entry
+
+    def _run(self, attempt: Attempt) -> HarnessOutcome:
+        from compose.harnesses.gemini_cli import run_gemini_cli
+
+        s = self.settings
+        result = run_gemini_cli(
+            attempt.capture_root, attempt.task.prompt, workdir=attempt.workdir, timeout=s.rollout_timeout_s,
+            model=s.harness_model or "tokentrail-policy", api_key=attempt.api_key, entry=self.binary,
+            on_spawn=self._spawned, settings={"model": {"maxSessionTurns": s.max_turns}})
+        failed = _exit_failure(result.returncode, result.timed_out, s.rollout_timeout_s, result.stderr_tail)
+        if failed is not None:
+            return failed
+        steps = len(result.tool_uses()) + (result.final_text is not None)
+        final_error = ((result.result or {}).get("error") or {}).get("message")
+        errors = "; ".join([*(str(e.get("message")) for e in result.errors()), *([final_error] if final_error else [])])
+        if result.returncode == 53:  # FatalTurnLimitedError: maxSessionTurns model calls, no answer
+            return HarnessOutcome.failed(FailureClass.MAX_STEPS, f"no final answer within {s.max_turns} model calls",
+                                         steps=steps)
+        if result.returncode != 0:
+            return HarnessOutcome.failed(FailureClass.NONZERO_EXIT, f"gemini exited {result.returncode}: "
+                                         f"{tail(errors or result.stderr_tail, 600)}", steps=steps)
+        if not result.ok or result.final_text is None:
+            return HarnessOutcome.failed(FailureClass.INVALID_OUTPUT, "no successful result event with an answer in "
+                                         f"the CLI's stream-json output: {tail(result.stdout_tail, 600)}", steps=steps)
+        # stream-json reports no response ids: terminal attribution goes by the final text.
+        return HarnessOutcome(final_text=result.final_text, steps=steps)
+
+
 class _SdkHarness:
     def __init__(self, settings: CollectSettings) -> None:
         self.settings = settings
@@ -267,7 +306,8 @@ class RemoteHarness(_SdkHarness):
 
 
 _HARNESSES: dict[str, Callable[[CollectSettings], Harness]] = {
-    "claude-code": ClaudeCodeHarness, "codex": CodexHarness, "openai-sdk": OpenAISdkHarness,
+    "claude-code": ClaudeCodeHarness, "codex": CodexHarness, "gemini-cli": GeminiCliHarness,
+    "openai-sdk": OpenAISdkHarness,
     "anthropic-sdk": AnthropicSdkHarness, "remote": RemoteHarness}
 
 

@@ -95,7 +95,7 @@ def local_stack(root: Path, run_id: str, *, engine: str, harness: str, bootstrap
         engine_cm = VllmEngine(root / "vllm")
     # The harness CLIs send ~50 KB of system prompt and tools: the reference server's
     # word-level tokenizer needs a long context for them (vLLM keeps its own).
-    policy_args = ("--max-model-len", "262144") if harness in ("claude-code", "codex") else ()
+    policy_args = ("--max-model-len", "262144") if harness in ("claude-code", "codex", "gemini-cli") else ()
     try:
         with engine_cm as running_engine:
             stack = LocalStack(bootstrap, root / "stack", topic_prefix=f"collect-{run_id}.",

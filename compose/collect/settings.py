@@ -19,8 +19,8 @@ from schemas.kafka.topics import check_bootstrap
 
 __all__ = ["CollectSettings", "HARNESSES", "RUN_ID_RULE", "DEFAULT_MODELS"]
 
-HARNESSES = ("claude-code", "codex", "openai-sdk", "anthropic-sdk", "remote")
-Harness = Literal["claude-code", "codex", "openai-sdk", "anthropic-sdk", "remote"]
+HARNESSES = ("claude-code", "codex", "gemini-cli", "openai-sdk", "anthropic-sdk", "remote")
+Harness = Literal["claude-code", "codex", "gemini-cli", "openai-sdk", "anthropic-sdk", "remote"]
 # A run id prefixes every rollout id of the run (``<run>.<task>-<sample>``): the rollout-id
 # alphabet, short enough that the longest task id (64) still fits the 200-character rule.
 RUN_ID_RULE = "^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$"
@@ -32,6 +32,7 @@ _RUN_ID = re.compile(RUN_ID_RULE)
 DEFAULT_MODELS: dict[str, str | None] = {
     "claude-code": None,  # the CLI's own default model name
     "codex": "tokentrail-policy",
+    "gemini-cli": "tokentrail-policy",
     "openai-sdk": "tokentrail-policy",
     "anthropic-sdk": "claude-opus-5-5",
     "remote": "tokentrail-policy",
@@ -76,7 +77,8 @@ class CollectSettings(BaseModel):
     model: str | None = None
     agent_url: str | None = Field(None, description="--harness remote: the agent service's base URL")
     max_steps: int = Field(16, ge=1, le=1000, description="remote: agent-service steps; SDK harnesses: model turns")
-    max_turns: int = Field(10, ge=1, le=1000, description="claude-code: --max-turns")
+    max_turns: int = Field(10, ge=1, le=1000,
+                           description="claude-code: --max-turns; gemini-cli: model.maxSessionTurns (model calls)")
     allowed_tools: tuple[str, ...] = Field(("Bash",), description="claude-code: --allowedTools rules")
     system_prompt: str | None = Field(None, description="openai-sdk / anthropic-sdk: the system message")
     # deadlines

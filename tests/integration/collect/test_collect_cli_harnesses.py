@@ -1,4 +1,4 @@
-"""``tokentrail collect`` with the real Claude Code and Codex CLIs through the capture stack.
+"""``tokentrail collect`` with the real Claude Code, Codex and Gemini CLIs through the capture stack.
 
 Claude Code, 8 tasks x 2 samples at concurrency 4: the collector is killed (SIGKILL) half-way
 and re-run with the same command; it finishes the rest, every rollout has exactly one row,
@@ -114,6 +114,19 @@ def test_codex_collect_on_a_few_tasks(codex, collect_stack, tmp_path):
     got = _check_rows(collect_stack, out, keys)
     assert all(r["failure_class"] is None for r in got), [r.get("failure_detail") for r in got]
     assert "collect: 3/3 rollouts" in done.stdout
+
+
+def test_gemini_cli_collect_on_a_few_tasks(gemini_cli, collect_stack, tmp_path):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 3)
+    out = tmp_path / "results.jsonl"
+    done = run_collect(collect_argv(collect_stack, tasks, out, "gemini-cli", "--concurrency", "3",
+                                    "--rollout-timeout", "300"), timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    keys = {f"{json.loads(line)['id']}-0" for line in tasks.read_text().splitlines()}
+    got = _check_rows(collect_stack, out, keys)
+    assert all(r["failure_class"] is None for r in got), [r.get("failure_detail") for r in got]
+    assert "collect: 3/3 rollouts" in done.stdout
+    assert_one_token_exact_chain(collect_stack, json.loads(open(got[0]["trajectory_path"]).read()))
 
 
 @pytest.mark.vllm

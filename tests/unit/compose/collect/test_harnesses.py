@@ -8,11 +8,13 @@ import pytest
 
 import compose.harnesses.claude_code as cc
 import compose.harnesses.codex.runner as cx
-from compose.collect.harnesses import Attempt, ClaudeCodeHarness, CodexHarness, OpenAISdkHarness
+import compose.harnesses.gemini_cli as gm
+from compose.collect.harnesses import Attempt, ClaudeCodeHarness, CodexHarness, GeminiCliHarness, OpenAISdkHarness
 from compose.collect.outcome import FailureClass
 from compose.collect.settings import CollectSettings
 from compose.harnesses.claude_code.runner import ClaudeCodeResult
 from compose.harnesses.codex.runner import CodexResult
+from compose.harnesses.gemini_cli.runner import GeminiCliResult
 from compose.harnesses.sdk import Outcome
 
 SETTINGS = CollectSettings(tasks=Path("t"), out=Path("o.jsonl"), harness="claude-code", local=True,
@@ -84,6 +86,50 @@ async def test_codex_endings_and_config(monkeypatch, tmp_path):
     seen["next"] = failed_turn
     outcome = await harness.run(_attempt(tmp_path))
     assert outcome.failure.failure_class == FailureClass.INVALID_OUTPUT and "stream error" in outcome.failure.detail
+
+
+def _gm(returncode, events=(), *, timed_out=False):
+    return GeminiCliResult(returncode, timed_out, list(events), "out", "err")
+
+
+_GM_TOOL = [{"type": "tool_use", "tool_name": "run_shell_command", "tool_id": "t1", "parameters": {}},
+            {"type": "tool_result", "tool_id": "t1", "status": "success", "output": "x"}]
+_GM_LIMIT = {"type": "result", "status": "error", "error": {"type": "FatalTurnLimitedError",
+                                                             "message": "Reached max session turns"}}
+
+
+@pytest.mark.parametrize("done,cls,detail", [
+    (_gm(None, timed_out=True), FailureClass.TIMEOUT, "deadline"),
+    (_gm(137), FailureClass.HARNESS_CRASH, "died"),
+    (_gm(53, [*_GM_TOOL, _GM_LIMIT]), FailureClass.MAX_STEPS, "within 7 model calls"),
+    (_gm(1, [{"type": "error", "severity": "error", "message": "upstream 503"},
+             {"type": "result", "status": "error", "error": {"message": "API Error"}}]),
+     FailureClass.NONZERO_EXIT, "upstream 503; API Error"),
+    (_gm(0, [*_GM_TOOL, {"type": "result", "status": "success"}]), FailureClass.INVALID_OUTPUT, "no successful"),
+])
+async def test_gemini_cli_endings(monkeypatch, tmp_path, done, cls, detail):
+    monkeypatch.setattr(gm, "run_gemini_cli", lambda *a, **k: done)
+    outcome = await GeminiCliHarness(SETTINGS.model_copy(update={"harness": "gemini-cli"})).run(_attempt(tmp_path))
+    assert outcome.failure is not None and outcome.failure.failure_class == cls and detail in outcome.failure.detail
+
+
+async def test_gemini_cli_answer_and_what_it_is_given(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake(base_url, prompt, **kw):
+        seen.update(kw, base_url=base_url, prompt=prompt)
+        return _gm(0, [*_GM_TOOL, {"type": "message", "role": "assistant", "content": "<answer>4", "delta": True},
+                       {"type": "message", "role": "assistant", "content": "</answer>", "delta": True},
+                       {"type": "result", "status": "success"}])
+
+    monkeypatch.setattr(gm, "run_gemini_cli", fake)
+    outcome = await GeminiCliHarness(SETTINGS.model_copy(update={"harness": "gemini-cli"})).run(_attempt(tmp_path))
+    assert (outcome.failure, outcome.final_text, outcome.final_response_id, outcome.steps) == (
+        None, "<answer>4</answer>", None, 2)
+    # The capture root itself (the CLI appends /v1beta/models/...), the rollout token, the turn budget.
+    assert seen["base_url"] == "http://i/ng-rollout/run.t-0/training-token-capture" and seen["prompt"] == "what is 2+2?"
+    assert seen["api_key"] == "tok" and seen["settings"] == {"model": {"maxSessionTurns": 7}}
+    assert seen["model"] == "tokentrail-policy" and seen["workdir"] == tmp_path and callable(seen["on_spawn"])
 
 
 async def test_a_cli_that_cannot_start_is_a_crash_not_an_exception(monkeypatch, tmp_path):
