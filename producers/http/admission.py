@@ -5,10 +5,10 @@ so that a refused request records nothing and forwards nothing:
 
 * **Rollout token** (``rollout_refusal``): with a rollout secret set, a request under
   ``/ng-rollout/<id>/`` must present ``schemas.rollout_tokens.rollout_token(secret, id)`` as its
-  API key, ``Authorization: Bearer <token>`` or ``x-api-key: <token>`` (either is enough, as
-  every harness SDK sends one of them). Without a secret every request is admitted (a trusted
-  network). The token never goes further: ``producers.http.replies.upstream_headers`` forwards neither
-  header.
+  API key, ``Authorization: Bearer <token>``, ``x-api-key: <token>`` or ``x-goog-api-key: <token>``
+  (any one is enough, as every harness SDK sends one of them; Google's send the last). Without a
+  secret every request is admitted (a trusted network). The token never goes further:
+  ``producers.http.replies.upstream_headers`` forwards none of these headers.
 * **Trace declaration** (``trace_refusal``): a request under ``/ng-rollout/<id>/`` that sends
   ``x-tokentrail-trace`` must send it once, in ``producers.capture.trace_facts.TRACE_GRAMMAR``; else a
   400 naming the header, the value and the grammar. Bare paths record nothing, so there the
@@ -50,16 +50,18 @@ class ClientGone(ContractError):
 
 
 def presented_keys(headers: Mapping[str, str]) -> list[str]:
-    """The API keys a request presents: its Bearer credential and its ``x-api-key``, as sent."""
+    """The API keys a request presents: its Bearer credential, its ``x-api-key`` and its ``x-goog-api-key`` (the
+    Google SDKs' and the Gemini CLI's), as sent."""
     keys = []
     authorization = headers.get("authorization")
     if authorization:
         scheme, _, value = authorization.strip().partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             keys.append(value.strip())
-    api_key = headers.get("x-api-key")
-    if api_key:
-        keys.append(api_key.strip())
+    for name in ("x-api-key", "x-goog-api-key"):
+        api_key = headers.get(name)
+        if api_key:
+            keys.append(api_key.strip())
     return keys
 
 
@@ -72,8 +74,8 @@ def rollout_refusal(secret: bytes | None, rollout_id: str, headers: Mapping[str,
         return None
     what = "a key that is not this rollout's token" if keys else "no API key"
     return (f"rollout {rollout_id!r} needs its rollout token as the API key; the request sent {what}. Send "
-            "'Authorization: Bearer <token>' or 'x-api-key: <token>' (the harness's API key setting, e.g. "
-            "OPENAI_API_KEY or ANTHROPIC_API_KEY), where <token> is what `tokentrail token <rollout-id>` prints "
+            "'Authorization: Bearer <token>', 'x-api-key: <token>' or 'x-goog-api-key: <token>' (the harness's API "
+            "key setting, e.g. OPENAI_API_KEY, ANTHROPIC_API_KEY or GEMINI_API_KEY), where <token> is what `tokentrail token <rollout-id>` prints "
             "(schemas.rollout_tokens.rollout_token) with this interceptor's TOKENTRAIL_ROLLOUT_SECRET; "
             "nothing was recorded or forwarded")
 

@@ -33,7 +33,7 @@ __all__ = ["DURABILITY_MESSAGE", "FORWARDED_REQUEST_HEADERS", "ErrorShape", "dur
 # The only harness headers the engine gets. What vLLM reads of a request: content-type, x-request-id (its
 # request id with --enable-request-id-headers), traceparent/tracestate (OpenTelemetry); accept and the
 # Anthropic API-version headers describe the API shape asked for; user-agent is harmless and logged.
-# Never: authorization, x-api-key (a harness's real key, or its rollout token), cookie,
+# Never: authorization, x-api-key, x-goog-api-key (a harness's real key, or its rollout token), cookie,
 # proxy-authorization, x-forwarded-*/forwarded/x-real-ip (client addresses), hop-by-hop headers, or
 # anything unknown. The engine's credential is upstream_api_key alone.
 FORWARDED_REQUEST_HEADERS = frozenset({"content-type", "accept", "user-agent", "x-request-id", "traceparent",

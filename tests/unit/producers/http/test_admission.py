@@ -47,7 +47,8 @@ async def make(publisher, upstream):
 async def test_without_the_rollouts_token_nothing_is_recorded_or_forwarded(make, upstream, publisher):
     http, _ = await make(rollout_secret=SECRET)
     other = rollout_token(SECRET, "attacker")
-    for headers in ({}, {"authorization": f"Bearer {other}"}, {"x-api-key": other}, {"authorization": other},
+    for headers in ({}, {"authorization": f"Bearer {other}"}, {"x-api-key": other}, {"x-goog-api-key": other},
+                    {"authorization": other},
                     {"authorization": "Bearer sk-real-openai-key"}):
         r = await http.post(CHAT.format(rid="victim"), json={"model": "m", "messages": HELLO}, headers=headers)
         assert r.status_code == 401, (headers, r.text)
@@ -64,7 +65,7 @@ async def test_an_anthropic_caller_gets_the_401_in_its_shape(make, upstream, pub
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
 
 
-@pytest.mark.parametrize("header", ["authorization", "x-api-key"])
+@pytest.mark.parametrize("header", ["authorization", "x-api-key", "x-goog-api-key"])
 async def test_the_rollouts_token_as_the_api_key_is_served_and_never_reaches_the_engine(make, upstream, publisher,
                                                                                         header):
     http, _ = await make(rollout_secret=SECRET)
@@ -76,7 +77,7 @@ async def test_the_rollouts_token_as_the_api_key_is_served_and_never_reaches_the
     assert len([e for e in publisher.events if isinstance(e.body, CallCaptured)]) == 1
     for sent in upstream.requests + upstream.model_requests:
         assert token not in json.dumps(sent["headers"])
-        assert "authorization" not in sent["headers"] and "x-api-key" not in sent["headers"]
+        assert not {"authorization", "x-api-key", "x-goog-api-key"} & set(sent["headers"])
 
 
 async def test_without_a_secret_every_rollout_is_open(make, upstream, publisher):
