@@ -62,6 +62,7 @@ from producers.capture.core import Call, Outcome
 from producers.dialects.common import json_type
 from producers.engine import continuation, prefix_supply
 from producers.engine.info import EngineCallError, render_ids
+from producers.http.json_in_steps import load_json_in_steps
 from producers.http.json_limits import load_json, nesting_problem
 from producers.http.replies import durability_error
 from schemas.records import IncompleteReason
@@ -94,7 +95,8 @@ def read_request(raw: bytes, adapter: DialectAdapter, api_path: str = "", query:
     """The request body and the dialect's reading of it (``api_path`` and ``query`` are the call's, for a dialect
     whose path or query says part of the request); ValueError (or what the dialect's checks missed) when it
     cannot be read. Pure: a large body's runs in a worker thread."""
-    body = load_json(raw, "the request body")
+    # A large body's parse runs in the lane's thread in steps, so the loop gets the GIL between them.
+    body = (load_json if len(raw) <= LARGE_BODY_BYTES else load_json_in_steps)(raw, "the request body")
     if not isinstance(body, dict):
         raise ValueError(f"the request body must be a JSON object, got a JSON {json_type(body)}")
     problem = nesting_problem(body)
