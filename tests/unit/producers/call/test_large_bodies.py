@@ -218,3 +218,47 @@ async def test_memory_is_released_once_the_last_large_call_ended(rig):
     await asyncio.gather(*(http.post(CHAT.format(f"r-{i}"), content=chat_body(conversation())) for i in range(2)))
     await asyncio.sleep(0)  # the release runs from the loop's next callback on, once the handlers' frames are gone
     assert app.services.bodies.releases == 1  # once, when the last of the two ended
+
+
+async def test_a_large_body_is_parsed_in_steps_from_the_very_bytes_the_server_handed_over(rig, monkeypatch):
+    from tests.unit.producers import raw_asgi
+
+    _, app, engine = rig
+    engine.answers.append(vllm_chat_response([1, 2], [3]))
+    seen: list[bytes] = []
+    stepped = generation.load_json_in_steps
+    monkeypatch.setattr(generation, "load_json_in_steps", lambda raw, what: seen.append(raw) or stepped(raw, what))
+    body = chat_body(conversation())
+    response = await raw_asgi.call(app, "POST", CHAT.format("r-steps").encode(), body=body)
+    assert response.status == 200, response.body
+    # No copy of it on the loop on the way (admission reads it; the handler gets those bytes), and one parse.
+    assert len(seen) == 1 and seen[0] is body
+
+
+async def test_the_proxys_lifespan_freezes_its_startup_heap(publisher):
+    import gc
+
+    settings = InterceptorSettings(upstream_url="http://engine", bootstrap="unused:9092", control_token="s3cret")
+    upstream = httpx.AsyncClient(base_url="http://engine", transport=httpx.MockTransport(Engine().handler))
+    app = Interceptor(settings, publisher=publisher, upstream=upstream)  # type: ignore[arg-type]
+    messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
+    sent: list[str] = []
+    frozen_before = gc.get_freeze_count()
+
+    async def receive() -> dict[str, Any]:
+        return next(messages)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message["type"])
+        if message["type"] == "lifespan.startup.complete":
+            frozen.append(gc.get_freeze_count())
+
+    frozen: list[int] = []
+    try:
+        await app({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send)
+    finally:
+        gc.unfreeze()  # the rest of the test session's objects stay the collector's
+        await upstream.aclose()
+    assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    # A full collection (LargeBodies.release_memory's) then walks only what calls made after startup.
+    assert frozen[0] > frozen_before and frozen[0] > 10_000
