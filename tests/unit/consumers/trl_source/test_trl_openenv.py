@@ -35,8 +35,12 @@ def _env() -> dict[str, str]:
 
 
 def _require_trl() -> None:
-    probe = ("import trl, openenv.core.harness, accelerate, datasets; "
-             "assert trl.__version__ == '1.16.0', trl.__version__")
+    # Found and versioned without importing them: importing trl (torch) takes ~30 s here, and the checks import
+    # it once anyway.
+    probe = ("import importlib.util as u, importlib.metadata as m; "
+             "missing = [n for n in ('trl', 'openenv', 'accelerate', 'datasets', 'fastmcp') if u.find_spec(n) is None]; "
+             "assert not missing, f'missing: {missing}'; "
+             "assert m.version('trl') == '1.16.0', m.version('trl')")
     if not PYTHON.exists():
         reason = f".venv-vllm is missing ({PYTHON}); build it with `make vllm`, then {INSTALL}"
     else:
