@@ -99,8 +99,10 @@ why: install
 
 # Unit and integration tests; integration tests run on a real broker (KAFKA_BOOTSTRAP,
 # else testcontainers, else the jar broker this session starts from .kafka/libs).
+# Two workers: the integration tier in order on one, the unit tier beside it (tests/conftest.py); `-n 0` in
+# PYTEST_ARGS runs everything in this process.
 test: install jars vllm trl
-	$(BIN)/pytest -q -ra --durations=15 $(PYTEST_ARGS)
+	$(BIN)/pytest -q -ra --durations=15 -n 2 $(PYTEST_ARGS)
 
 test-unit: install
 	$(BIN)/pytest -q tests/unit

@@ -80,25 +80,62 @@ def _real_broker_gate(request: pytest.FixtureRequest) -> None:
                     f"({broker.detail})")
 
 
+_INTEGRATION = "tests/integration/"
+
+
+def _xdist_worker() -> bool:
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The real-vLLM tier runs last, as a block: its session engine (two processes on 2 cores)
     # then never competes with the timing-sensitive processor and broker tests.
     items.sort(key=lambda item: item.get_closest_marker("vllm") is not None)
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
+    """Under pytest-xdist (`make test`: -n 2) the integration tier is one unit of work: one worker runs it, in
+    the order above, with its session broker and engines; the unit tier runs beside it on the other worker,
+    where the single-threaded run left a core mostly idle while tests waited on Kafka. (xdist's own
+    ``--dist loadgroup`` cannot say so under pytest 9: it renames ``_nodeid``, which pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class IntegrationAsOneScope(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _INTEGRATION if nodeid.startswith(_INTEGRATION) else nodeid
+
+    return IntegrationAsOneScope(config, log)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     # The real-vLLM engines the selected tests need start now, in the background, on the core the
-    # single-threaded tiers before them leave idle (tests/integration/warm_engines.py).
-    if session.config.option.collectonly:
+    # single-threaded tiers before them leave idle (tests/integration/warm_engines.py). Under xdist every
+    # worker collects every test: the engines start with the first integration test a worker runs
+    # (pytest_runtest_setup), and mypy when its test asks.
+    if session.config.option.collectonly or _xdist_worker():
         return
     if any(item.nodeid.endswith("test_lint.py::test_mypy_finds_nothing") for item in session.items):
         from tests.unit.lint_jobs import start_mypy
 
         start_mypy()  # a cold mypy run overlaps the tests before it
-    if any(item.get_closest_marker("vllm") is not None for item in session.items):
+    _prewarm(session.items)
+
+
+def _prewarm(items: list[pytest.Item]) -> None:
+    if any(item.get_closest_marker("vllm") is not None for item in items):
         from tests.integration.warm_engines import engines_needed, prewarm
 
-        prewarm(engines_needed(session.items))
+        prewarm(engines_needed(items))
+
+
+_WARMED: list[bool] = []
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _xdist_worker() and not _WARMED and item.nodeid.startswith(_INTEGRATION):
+        _WARMED.append(True)
+        _prewarm(item.session.items)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
