@@ -85,11 +85,13 @@ async def run_rollout(  # OpenAI chat completions
     system: str | None = None,
     api_key: str = "not-needed",
     timeout: float = 60,
+    seed: int | None = None,
 ) -> Outcome:
     """Run one multi-turn, tool-using conversation; never raises (errors end the rollout).
 
     ``system`` replaces the default system message (which carries the reference server's
-    ``#tool-calls`` directive); ``timeout`` bounds each call.
+    ``#tool-calls`` directive); ``timeout`` bounds each call; ``seed`` is sent with every call (the
+    reference server otherwise seeds from the prompt, so rollouts of one task would all be alike).
     """
     client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout)
     messages: list[dict[str, Any]] = [
@@ -101,6 +103,8 @@ async def run_rollout(  # OpenAI chat completions
         for _ in range(max_turns):
             # Plain JSON dicts, as a harness sends them (the SDK's TypedDicts describe the same shapes).
             params: dict[str, Any] = dict(model=model, messages=messages, tools=list(tools))
+            if seed is not None:
+                params["seed"] = seed
             if stream:
                 async with client.chat.completions.stream(**params) as s:
                     response = await s.get_final_completion()
