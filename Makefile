@@ -82,6 +82,12 @@ demo: install jars
 demo-async: install jars vllm
 	$(BIN)/tokentrail demo-async $(DEMO_ASYNC_ARGS)
 
+# TRL's GRPOTrainer (in .venv-vllm, CPU) trained on the tiny checkpoint for a few steps, its rollout_func fed by
+# SDK agent rollouts through the whole local stack (real vLLM CPU by default); prints each step's rollouts, checked
+# against the delivered records, rewards, masked fraction and TRL's loss. DEMO_TRL_ARGS="--engine reference" etc.
+demo-trl: install jars vllm trl
+	$(BIN)/tokentrail demo-trl $(DEMO_TRL_ARGS)
+
 # `tokentrail collect` with the real Claude Code CLI on 4 tasks of the shipped reasoning set (2 samples
 # each) through a local stack: prints each rollout's reward beside its mask_sample, then the summary.
 # COLLECT_ENGINE=vllm serves real vLLM's CPU build (`make vllm`) instead of the reference server.
