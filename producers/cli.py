@@ -59,6 +59,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(`tokentrail token <id>`)")
     parser.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024,
                         help="largest request body accepted; larger is a 413 (default 16 MiB)")
+    parser.add_argument("--index-max-rollouts", type=int, default=65_536,
+                        help="rollouts the lineage index keeps (the oldest evicted first; default 65,536)")
+    parser.add_argument("--finished-max-rollouts", type=int, default=65_536,
+                        help="finished rollouts remembered to refuse their later calls (default 65,536, ~230 B each)")
     parser.add_argument("--forward-unknown-routes", action="store_true",
                         help="forward routes the route table does not list, on bare paths only (a trusted engine)")
     parser.add_argument("--log-level", default="warning")
@@ -104,6 +108,8 @@ def main(args: argparse.Namespace) -> int:
             rollout_secret=rollout_secret_from(os.environ, args.rollout_secret_file),
             max_body_bytes=args.max_body_bytes,
             forward_unknown_routes=args.forward_unknown_routes,
+            index_max_rollouts=args.index_max_rollouts,
+            finished_max_rollouts=args.finished_max_rollouts,
         )
     except (ValidationError, ValueError) as exc:
         print(f"tokentrail intercept: invalid settings:\n{exc}", file=sys.stderr)

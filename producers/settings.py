@@ -111,7 +111,9 @@ class InterceptorSettings(BaseModel):
     )
     max_continuations: int = Field(8, ge=1, description="Aborts one call may be continued across (abort_policy "
                                                         "continue); one more aborts it as under 'mask'")
-    index_max_rollouts: int = 65_536
+    index_max_rollouts: int = Field(65_536, ge=1, description="Rollouts the lineage index keeps; the oldest is "
+                                                            "evicted first (a later call of it is unresolved, and "
+                                                            "the processor still verifies its parent)")
     index_max_tokens: int = Field(16_000_000, description="Token budget of the lineage index (prefix supply only)")
     finished_max_rollouts: int = Field(
         65_536, ge=1, description="Rollouts whose finish this interceptor acknowledged that it remembers (about 230 "

@@ -53,6 +53,9 @@ class ChaosConfig:
     publish_timeout_ms: int = 2000  # the interceptor spools after this (the default 5 s only slows the run)
     deliver_timeout_s: float = 240.0
     bootstrap: str | None = None  # a broker someone else runs: only for faults that leave the broker alone
+    # The interceptor's per-rollout books (lineage index, finished rollouts), when smaller than their defaults:
+    # the soak fills them within its first minutes, so that its memory verdict sees them full, not filling.
+    interceptor_rollouts: int | None = None
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.faults) - set(FAULTS))
@@ -94,7 +97,10 @@ def chaos_stack(config: ChaosConfig, bootstrap: str, tag: str) -> LocalStack:
     return LocalStack(
         bootstrap=bootstrap, run_dir=d, topic_prefix=f"{tag}.", processor_id=f"{tag}-processor",
         policy_args=("--decode-ms-per-token", str(config.decode_ms_per_token)),
-        intercept_args=("--spool-dir", str(d / "spool"), "--publish-timeout-ms", str(config.publish_timeout_ms)),
+        intercept_args=("--spool-dir", str(d / "spool"), "--publish-timeout-ms", str(config.publish_timeout_ms),
+                        *(() if config.interceptor_rollouts is None else
+                          ("--index-max-rollouts", str(config.interceptor_rollouts),
+                           "--finished-max-rollouts", str(config.interceptor_rollouts)))),
         sink=TARGET, consumer_args=("--sink-kwargs", json.dumps(sink_kwargs)),
     )
 

@@ -101,3 +101,23 @@ def test_the_table_and_the_csv_hold_every_sample(tmp_path):
     write_csv(report, tmp_path / "soak.csv")
     rows = list(csv.DictReader((tmp_path / "soak.csv").open()))
     assert [r["interceptor_rss_kib"] for r in rows] == ["80000", "81000"]
+
+
+def test_the_soaks_interceptor_books_are_small_enough_to_be_full_before_the_reference_sample(tmp_path):
+    import argparse
+
+    from compose.tools.chaos.run import ChaosConfig, chaos_stack
+    from producers import cli as intercept_cli
+
+    config = SoakConfig(run_dir=tmp_path)
+    stack = chaos_stack(ChaosConfig(run_dir=tmp_path, interceptor_rollouts=config.interceptor_rollouts), "b:9092", "t")
+    args = list(stack.intercept_args)
+    assert args[args.index("--index-max-rollouts") + 1] == args[args.index("--finished-max-rollouts") + 1] == "1000"
+    # ~400 rollouts a minute fill a book of 1,000 well before the reference sample
+    assert config.interceptor_rollouts <= 400 * config.reference_s / 60 / 2
+    parser = argparse.ArgumentParser()
+    intercept_cli.configure(parser)
+    parsed = parser.parse_args(["--upstream", "http://e", "--bootstrap", "b:9092", *args])
+    assert (parsed.index_max_rollouts, parsed.finished_max_rollouts) == (1000, 1000)
+    # chaos itself keeps the interceptor's defaults
+    assert "--index-max-rollouts" not in chaos_stack(ChaosConfig(run_dir=tmp_path), "b:9092", "t").intercept_args
