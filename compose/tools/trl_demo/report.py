@@ -132,7 +132,7 @@ class StepReport:
         rewards = ", ".join("None" if r.reward is None else f"{r.reward:.3f}" for r in self.rows)
         loss = "-" if self.loss is None else f"{self.loss:+.6f}"
         tie = ("\n  (rewards tie, so every GRPO advantage is 0 and nothing moves: the crafted checkpoint answers "
-               "alike every time; --engine reference or --variant random sample different answers)"
+               "alike every time, the random one with no lowercase text; --engine reference samples different answers)"
                if self.rows and all(r.advantage == 0.0 for r in self.rows) else "")
         return (f"step {self.step}: rewards [{rewards}], masked/unscorable {self.masked_fraction:.0%}, "
                 f"TRL loss {loss}, grad_norm {self.logs.get('grad_norm', float('nan')):.4g}, "

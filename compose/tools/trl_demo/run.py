@@ -13,8 +13,9 @@ turns into TRL's row.
 The reward is the share of lowercase ASCII letters in the agent's final answer: text alone, so any
 engine's answers get one (a task verifier would score every answer of a tiny model 0, and equal
 rewards give GRPO no advantage). On the ``crafted`` checkpoint every rollout of a prompt is the
-same (its margins are > 40 nats), so rewards tie and advantages are 0: the demo shows the
-plumbing; the reference engine and ``--variant random`` sample different answers.
+same (its margins are > 40 nats), and the ``random`` one's answers had no lowercase text (reward 0
+every time), so on vLLM rewards tie and advantages are 0: the demo shows the plumbing; the
+reference engine (a seed per rollout) samples different answers, and there the loss moves.
 
 Printed per step: each rollout (id, mask_sample and why, reward, TRL's advantage, tokens trained),
 checked against the record the demo reads back from the rebuilt topic (``report.row_mismatches``),
@@ -187,7 +188,9 @@ def run_demo(bootstrap: str, run_dir: Path, opts: DemoOptions, say: Callable[[st
               "lr": opts.lr, "seed": opts.seed, "max_completion_length": opts.max_completion_length,
               "output_dir": str(run_dir / "trl")}
     trainer = TrainerProcess(config, run_dir / "trainer.log", stack.control_token)  # TRL loads while the stack starts
-    engine = VllmEngine(run_dir / "vllm", variant=opts.variant) if opts.engine == "vllm" else None
+    # The random checkpoint seldom samples an end token and the agent sends no max_tokens: cap its answers.
+    cap = ("--override-generation-config", '{"max_new_tokens": 48}') if opts.variant == "random" else ()
+    engine = VllmEngine(run_dir / "vllm", variant=opts.variant, extra_args=cap) if opts.engine == "vllm" else None
     steps: list[StepReport] = []
     try:
         if engine is not None:
