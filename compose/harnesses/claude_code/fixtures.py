@@ -2,36 +2,39 @@
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compose.harnesses import recorded_fixtures
 from compose.harnesses.claude_code.install import CLAUDE_CODE_VERSION, ensure_claude_code
 from compose.harnesses.claude_code.runner import ClaudeCodeResult, run_claude_code
 from compose.harnesses.claude_code.stub import (
-    RecordedRequest,
     RecordingAnthropicStub,
     Reply,
     bash_tool_use,
     scripted,
     text_reply,
 )
+from compose.harnesses.recorded_fixtures import (
+    SANITIZED_HOME,
+    SANITIZED_HOST,
+    SANITIZED_WORKDIR,
+    compact_json,
+    scratch_dirs,
+    write_json,
+    write_requests,
+)
 
 FIXTURE_PROMPT = "Run `echo tokentrail` with the Bash tool and tell me what it printed."
 FIXTURE_ALLOWED_TOOLS = ["Bash(echo:*)"]
 FIXTURE_FINAL = "Done: the command printed tokentrail."
-SANITIZED_HOME = "/home/tokentrail"
-SANITIZED_WORKDIR = "/work/rollout"
 SANITIZED_SESSION_ID = "00000000-0000-4000-8000-000000000000"
 SANITIZED_DEVICE_ID = "0" * 64
 SANITIZED_DATE = "2026-01-01"
 SANITIZED_OS_VERSION = "Linux 6.0.0"
-SANITIZED_HOST = "127.0.0.1:8080"
 
 
 def _thinking(text: str, n: int) -> dict[str, Any]:
@@ -61,49 +64,22 @@ def _slug(path: str) -> str:
     return re.sub(r"[^A-Za-z0-9]", "-", path)
 
 
-class Sanitizer:
-    """Replaces what differs between runs and machines with fixed stand-ins (see SANITIZED_*)."""
+class Sanitizer(recorded_fixtures.Sanitizer):
+    """The shared sanitizer, plus the project-dir slugs of the paths, the session id, the device id,
+    the date and the OS version."""
+
+    SUBSTITUTIONS = (
+        (r'("device_id":")[0-9a-f]{64}(")', rf"\g<1>{SANITIZED_DEVICE_ID}\g<2>"),
+        (r"(Today's date is )\d{4}-\d{2}-\d{2}", rf"\g<1>{SANITIZED_DATE}"),
+        (r"(OS Version: )[^\n]*", rf"\g<1>{SANITIZED_OS_VERSION}"),
+    )
 
     def __init__(self, *, workdir: Path, home: Path, session_id: str | None):
-        self.pairs: list[tuple[str, str]] = []
-        for real, fake in ((home, SANITIZED_HOME), (workdir, SANITIZED_WORKDIR)):
-            for form in {str(real), str(real.resolve())}:
-                self.pairs.append((form, fake))
-                self.pairs.append((_slug(form), _slug(fake)))
-        if session_id:
-            self.pairs.append((session_id, SANITIZED_SESSION_ID))
-        self.pairs.sort(key=lambda p: -len(p[0]))  # longest first: home before its parent dirs
+        super().__init__(workdir=workdir, home=home,
+                         extra=[(session_id, SANITIZED_SESSION_ID)] if session_id else [])
 
-    def text(self, s: str) -> str:
-        for real, fake in self.pairs:
-            s = s.replace(real, fake)
-        s = re.sub(r'("device_id":")[0-9a-f]{64}(")', rf"\g<1>{SANITIZED_DEVICE_ID}\g<2>", s)
-        s = re.sub(r"(Today's date is )\d{4}-\d{2}-\d{2}", rf"\g<1>{SANITIZED_DATE}", s)
-        s = re.sub(r"(OS Version: )[^\n]*", rf"\g<1>{SANITIZED_OS_VERSION}", s)
-        return s
-
-    def value(self, v: Any) -> Any:
-        if isinstance(v, str):
-            return self.text(v)
-        if isinstance(v, list):
-            return [self.value(x) for x in v]
-        if isinstance(v, dict):
-            return {k: self.value(x) for k, x in v.items()}
-        return v
-
-    def request(self, r: RecordedRequest) -> dict[str, Any]:
-        out = self.value(r.as_dict())
-        headers = out["headers"]
-        if "host" in headers:
-            headers["host"] = SANITIZED_HOST
-        if "content-length" in headers and isinstance(out["body"], dict):
-            headers["content-length"] = str(len(compact_json(out["body"])))
-        return out
-
-
-def compact_json(body: Any) -> bytes:
-    """The body as the CLI serializes it (JSON.stringify: no spaces, UTF-8, no ASCII escaping)."""
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    def path_forms(self, real: str, fake: str) -> list[tuple[str, str]]:
+        return [(real, fake), (_slug(real), _slug(fake))]
 
 
 @dataclass
@@ -117,10 +93,7 @@ class Recording:
 def record_scenario(name: str, *, executable: Path | None = None, timeout: float = 120) -> Recording:
     """Run one of SCENARIOS with the real CLI against a RecordingAnthropicStub; sanitize it."""
     model, replies = SCENARIOS[name]
-    with tempfile.TemporaryDirectory(prefix="tokentrail-cc-") as tmp:
-        workdir, home = Path(tmp) / "rollout", Path(tmp) / "home"
-        workdir.mkdir()
-        home.mkdir()
+    with scratch_dirs("tokentrail-cc-") as (workdir, home):
         with RecordingAnthropicStub(scripted(replies)) as stub:
             result = run_claude_code(stub.base_url, FIXTURE_PROMPT, workdir=workdir, home=home,
                                      timeout=timeout, model=model, allowed_tools=FIXTURE_ALLOWED_TOOLS,
@@ -130,6 +103,18 @@ def record_scenario(name: str, *, executable: Path | None = None, timeout: float
         result.result = sanitizer.value(result.result)
         result.events = sanitizer.value(result.events)
     return Recording(name, model, result, requests)
+
+
+def _file_name(i: int, req: dict[str, Any]) -> str:
+    return f"{i:02d}_{req['method'].lower()}{re.sub(r'[^a-z0-9]+', '_', req['path'].lower())}.json"
+
+
+def _summary(req: dict[str, Any]) -> dict[str, Any]:
+    body = req["body"] if isinstance(req["body"], dict) else {}
+    return {"method": req["method"], "path": req["path"], "query": req["query"], "model": body.get("model"),
+            "stream": body.get("stream"), "messages": len(body.get("messages") or []),
+            "tools": len(body.get("tools") or []), "body_bytes": len(compact_json(req["body"])),
+            "status": req["status"]}
 
 
 def write_fixtures(out_dir: Path, recordings: list[Recording]) -> dict[str, Any]:
@@ -149,19 +134,8 @@ def write_fixtures(out_dir: Path, recordings: list[Recording]) -> dict[str, Any]
         "scenarios": {},
     }
     for rec in recordings:
-        sdir = out_dir / rec.scenario
-        if sdir.exists():
-            shutil.rmtree(sdir)
-        sdir.mkdir(parents=True)
-        files = []
-        for i, req in enumerate(rec.requests):
-            fname = f"{i:02d}_{req['method'].lower()}{re.sub(r'[^a-z0-9]+', '_', req['path'].lower())}.json"
-            (sdir / fname).write_text(json.dumps(req, indent=1, ensure_ascii=False) + "\n")
-            body = req["body"] if isinstance(req["body"], dict) else {}
-            files.append({"file": f"{rec.scenario}/{fname}", "method": req["method"], "path": req["path"],
-                          "query": req["query"], "model": body.get("model"), "stream": body.get("stream"),
-                          "messages": len(body.get("messages") or []), "tools": len(body.get("tools") or []),
-                          "body_bytes": len(compact_json(req["body"])), "status": req["status"]})
+        names = write_requests(out_dir, rec.scenario, rec.requests, _file_name)
+        files = [{"file": name, **_summary(req)} for name, req in zip(names, rec.requests, strict=True)]
         res = rec.result.result or {}
         index["scenarios"][rec.scenario] = {
             "model": rec.model or "(CLI default)",
@@ -169,7 +143,7 @@ def write_fixtures(out_dir: Path, recordings: list[Recording]) -> dict[str, Any]
             "cli_result": {k: res.get(k) for k in ("subtype", "is_error", "num_turns", "result", "stop_reason")},
             "cli_tool_results": rec.result.tool_results(),
         }
-    (out_dir / "index.json").write_text(json.dumps(index, indent=1, ensure_ascii=False) + "\n")
+    write_json(out_dir / "index.json", index)
     return index
 
 

@@ -34,7 +34,6 @@ from compose.harnesses.gemini_cli.fixtures import (
     FIXTURE_PROMPT,
     SCENARIOS,
     Recording,
-    compact_json,
     record_scenario,
     write_fixtures,
 )
@@ -69,6 +68,7 @@ from compose.harnesses.gemini_cli.stub import (
     shell_call,
     text_reply,
 )
+from compose.harnesses.recorded_fixtures import compact_json
 
 __all__ = [
     "DEFAULT_MODEL", "FIXTURE_FINAL", "FIXTURE_PROMPT", "GEMINI_CLI_PACKAGE", "GEMINI_CLI_VERSION",

@@ -10,19 +10,16 @@ bytes. ``index.json`` lists every file with its route, model, turn count and too
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compose.harnesses import recorded_fixtures
 from compose.harnesses.gemini_cli.install import GEMINI_CLI_VERSION, ensure_gemini_cli, node_executable
 from compose.harnesses.gemini_cli.runner import DEFAULT_MODEL, GeminiCliResult, run_gemini_cli
 from compose.harnesses.gemini_cli.stub import (
-    RecordedRequest,
     RecordingGeminiStub,
     Reply,
     function_call,
@@ -30,17 +27,22 @@ from compose.harnesses.gemini_cli.stub import (
     shell_call,
     text_reply,
 )
+from compose.harnesses.recorded_fixtures import (
+    SANITIZED_HOME,
+    SANITIZED_HOST,
+    SANITIZED_WORKDIR,
+    scratch_dirs,
+    write_json,
+    write_requests,
+)
 
 FIXTURE_PROMPT = "Run `echo tokentrail` with the shell tool and tell me what it printed."
 FIXTURE_FINAL = "Done: the command printed tokentrail."
 FIXTURE_API_KEY = "tokentrail-fixture-key"
 TRIM_SYSTEM_CHARS = 400
-SANITIZED_HOME = "/home/tokentrail"
-SANITIZED_WORKDIR = "/work/rollout"
 SANITIZED_DATE = "Thursday, January 1, 2026"
 SANITIZED_PGID = "4242"
 SANITIZED_EPOCH_MS = "1767225600000"
-SANITIZED_HOST = "127.0.0.1:8080"
 SANITIZED_NODE = "v20.0.0"
 
 #: name -> (model, scripted replies). Every scenario runs FIXTURE_PROMPT.
@@ -64,42 +66,19 @@ SCENARIOS: dict[str, tuple[str, list[Reply]]] = {
 }
 
 
-class Sanitizer:
-    """Replaces what differs between runs and machines with fixed stand-ins (see SANITIZED_*)."""
+class Sanitizer(recorded_fixtures.Sanitizer):
+    """The shared sanitizer, plus the date, the shell's process group, the epoch in the call ids the
+    CLI invents and the Node.js version; a body's system prompt is trimmed (``trim``)."""
 
-    def __init__(self, *, workdir: Path, home: Path):
-        self.pairs: list[tuple[str, str]] = []
-        for real, fake in ((home, SANITIZED_HOME), (workdir, SANITIZED_WORKDIR)):
-            for form in {str(real), str(real.resolve())}:
-                self.pairs.append((form, fake))
-        self.pairs.sort(key=lambda p: -len(p[0]))  # longest first: home before its parent dirs
+    SUBSTITUTIONS = (
+        (r"(Today's date is )[A-Z][a-z]+, [A-Z][a-z]+ \d{1,2}, \d{4}", rf"\g<1>{SANITIZED_DATE}"),
+        (r"(Process Group PGID: )\d+", rf"\g<1>{SANITIZED_PGID}"),
+        (r"^([a-z_]+)_\d{13}_(\d+)$", rf"\g<1>_{SANITIZED_EPOCH_MS}_\g<2>"),  # CLI-invented call ids
+        (r"(gl-node/)v[0-9.]+", rf"\g<1>{SANITIZED_NODE}"),
+    )
 
-    def text(self, s: str) -> str:
-        for real, fake in self.pairs:
-            s = s.replace(real, fake)
-        s = re.sub(r"(Today's date is )[A-Z][a-z]+, [A-Z][a-z]+ \d{1,2}, \d{4}", rf"\g<1>{SANITIZED_DATE}", s)
-        s = re.sub(r"(Process Group PGID: )\d+", rf"\g<1>{SANITIZED_PGID}", s)
-        s = re.sub(r"^([a-z_]+)_\d{13}_(\d+)$", rf"\g<1>_{SANITIZED_EPOCH_MS}_\g<2>", s)  # CLI-invented call ids
-        s = re.sub(r"(gl-node/)v[0-9.]+", rf"\g<1>{SANITIZED_NODE}", s)
-        return s
-
-    def value(self, v: Any) -> Any:
-        if isinstance(v, str):
-            return self.text(v)
-        if isinstance(v, list):
-            return [self.value(x) for x in v]
-        if isinstance(v, dict):
-            return {k: self.value(x) for k, x in v.items()}
-        return v
-
-    def request(self, r: RecordedRequest) -> dict[str, Any]:
-        out = self.value(r.as_dict())
-        headers = out["headers"]
-        headers["host"] = SANITIZED_HOST
-        if isinstance(out["body"], dict):
-            trim(out["body"])
-            headers["content-length"] = str(len(compact_json(out["body"])))
-        return out
+    def adjust_body(self, body: dict[str, Any]) -> None:
+        trim(body)
 
 
 def trim(body: dict[str, Any]) -> None:
@@ -108,11 +87,6 @@ def trim(body: dict[str, Any]) -> None:
         text = part.get("text")
         if isinstance(text, str) and len(text) > TRIM_SYSTEM_CHARS:
             part["text"] = text[:TRIM_SYSTEM_CHARS] + f"...[fixture: {len(text) - TRIM_SYSTEM_CHARS} chars trimmed]"
-
-
-def compact_json(body: Any) -> bytes:
-    """The body as the CLI serializes it (JSON.stringify: no spaces, UTF-8, no ASCII escaping)."""
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 @dataclass
@@ -126,10 +100,7 @@ class Recording:
 def record_scenario(name: str, *, entry: Path | None = None, timeout: float = 120) -> Recording:
     """Run one of SCENARIOS with the real CLI against a RecordingGeminiStub; sanitize and trim it."""
     model, replies = SCENARIOS[name]
-    with tempfile.TemporaryDirectory(prefix="tokentrail-gemini-") as tmp:
-        workdir, home = Path(tmp) / "rollout", Path(tmp) / "home"
-        workdir.mkdir()
-        home.mkdir()
+    with scratch_dirs("tokentrail-gemini-") as (workdir, home):
         with RecordingGeminiStub(scripted(replies)) as stub:
             result = run_gemini_cli(stub.base_url, FIXTURE_PROMPT, workdir=workdir, home=home, timeout=timeout,
                                     model=model, api_key=FIXTURE_API_KEY, entry=entry)
@@ -137,6 +108,11 @@ def record_scenario(name: str, *, entry: Path | None = None, timeout: float = 12
         requests = [sanitizer.request(r) for r in stub.requests]
         result.events = sanitizer.value(result.events)
     return Recording(name, model, result, requests)
+
+
+def _file_name(i: int, req: dict[str, Any]) -> str:
+    route = re.sub(r"[^a-z0-9]+", "_", req["path"].rsplit("/", 1)[-1].split(":")[-1].lower())
+    return f"{i:02d}_{req['method'].lower()}_{route}.json"
 
 
 def _summary(req: dict[str, Any]) -> dict[str, Any]:
@@ -165,23 +141,15 @@ def write_fixtures(out_dir: Path, recordings: list[Recording]) -> dict[str, Any]
         "scenarios": {},
     }
     for rec in recordings:
-        sdir = out_dir / rec.scenario
-        if sdir.exists():
-            shutil.rmtree(sdir)
-        sdir.mkdir(parents=True)
-        files = []
-        for i, req in enumerate(rec.requests):
-            route = re.sub(r"[^a-z0-9]+", "_", req["path"].rsplit("/", 1)[-1].split(":")[-1].lower())
-            fname = f"{i:02d}_{req['method'].lower()}_{route}.json"
-            (sdir / fname).write_text(json.dumps(req, indent=1, ensure_ascii=False) + "\n")
-            files.append({"file": f"{rec.scenario}/{fname}", **_summary(req)})
+        names = write_requests(out_dir, rec.scenario, rec.requests, _file_name)
+        files = [{"file": name, **_summary(req)} for name, req in zip(names, rec.requests, strict=True)]
         index["scenarios"][rec.scenario] = {
             "model": rec.model, "requests": files,
             "cli_tool_uses": [{k: e.get(k) for k in ("tool_name", "parameters")} for e in rec.result.tool_uses()],
             "cli_tool_results": [{k: e.get(k) for k in ("status", "output")} for e in rec.result.tool_results()],
             "cli_final_text": rec.result.final_text,
         }
-    (out_dir / "index.json").write_text(json.dumps(index, indent=1, ensure_ascii=False) + "\n")
+    write_json(out_dir / "index.json", index)
     return index
 
 
