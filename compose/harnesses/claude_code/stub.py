@@ -7,29 +7,13 @@ import json
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
-from compose.harnesses.stub_server import ServedStub
+from compose.harnesses.stub_server import QuietHandler, RecordedRequest, ServedStub, record_of
 
-
-@dataclass
-class RecordedRequest:
-    method: str
-    path: str
-    query: dict[str, str]
-    headers: dict[str, str]
-    body: Any  # parsed JSON, or the raw text, or None
-    raw: bytes = b""  # the body exactly as received
-    status: int | None = None  # what the stub answered
-    response: Any = None  # the JSON it answered with (for SSE: the message the events spell out)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "path": self.path, "query": self.query,
-                "headers": self.headers, "body": self.body, "status": self.status,
-                "response": self.response}
+# A RecordedRequest's ``response`` here: the JSON the stub answered with (for SSE: the message the
+# events spell out).
 
 
 Reply = dict[str, Any]
@@ -88,6 +72,10 @@ def bash_then_text(command: str = "echo tokentrail", final: str = "Done: the com
     return scripted([bash_tool_use(command), text_reply(final)], side_text=side_text)
 
 
+def _request_id() -> str:
+    return f"req_{uuid.uuid4().hex[:24]}"
+
+
 class RecordingAnthropicStub(ServedStub):
     """An Anthropic Messages API stand-in on 127.0.0.1 that records every request.
 
@@ -103,12 +91,7 @@ class RecordingAnthropicStub(ServedStub):
         self._lock = threading.Lock()
         stub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:  # quiet
-                pass
-
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 stub._handle(self)
 
@@ -135,28 +118,17 @@ class RecordingAnthropicStub(ServedStub):
 
     # -- request handling
 
-    def _handle(self, h: BaseHTTPRequestHandler) -> None:
-        split = urlsplit(h.path)
-        length = int(h.headers.get("content-length") or 0)
-        raw = h.rfile.read(length) if length else b""
-        body: Any = None
-        if raw:
-            try:
-                body = json.loads(raw)
-            except ValueError:
-                body = raw.decode("utf-8", "replace")
-        record = RecordedRequest(h.command, split.path, dict(parse_qsl(split.query, keep_blank_values=True)),
-                                 {k.lower(): v for k, v in h.headers.items()}, body, raw)
+    def _handle(self, h: QuietHandler) -> None:
+        record = record_of(h, h.read_body(), RecordedRequest, keep_blank_values=True)
         with self._lock:
             self.requests.append(record)
-        path = split.path.rstrip("/")
-        status, payload, sse = self._answer(h.command, path, split.path, body, raw)
+        status, payload, sse = self._answer(h.command, record.path.rstrip("/"), record.path, record.body, record.raw)
         record.status, record.response = status, payload
         try:
             if sse:
                 self._sse(h, payload)
             else:
-                self._json(h, status, payload)
+                h.send_json(status, payload, headers={"request-id": _request_id()})
         except (BrokenPipeError, ConnectionResetError):  # the client gave up (e.g. killed)
             h.close_connection = True
 
@@ -191,17 +163,6 @@ class RecordingAnthropicStub(ServedStub):
             "usage": {"input_tokens": max(1, prompt_chars // 4), "output_tokens": 8,
                       "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
         }
-
-    @staticmethod
-    def _json(h: BaseHTTPRequestHandler, status: int, payload: Any) -> None:
-        data = json.dumps(payload).encode()
-        h.send_response(status)
-        h.send_header("content-type", "application/json")
-        h.send_header("request-id", f"req_{uuid.uuid4().hex[:24]}")
-        h.send_header("content-length", str(len(data)))
-        h.end_headers()
-        if h.command != "HEAD":
-            h.wfile.write(data)
 
     @staticmethod
     def _sse(h: BaseHTTPRequestHandler, message: dict[str, Any]) -> None:
@@ -242,7 +203,7 @@ class RecordingAnthropicStub(ServedStub):
         h.send_response(200)
         h.send_header("content-type", "text/event-stream")
         h.send_header("cache-control", "no-cache")
-        h.send_header("request-id", f"req_{uuid.uuid4().hex[:24]}")
+        h.send_header("request-id", _request_id())
         h.send_header("content-length", str(len(data)))
         h.end_headers()
         h.wfile.write(data)

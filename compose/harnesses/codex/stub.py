@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from compose.harnesses.stub_server import ServedStub
+from compose.harnesses.stub_server import QuietHandler, ServedStub, parse_body
 
 
 @dataclass
@@ -84,47 +84,30 @@ class RecordingResponsesStub(ServedStub):
         self._lock = threading.Lock()
         stub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 stub._record(self, None)
-                self._send(404, {"error": {"message": f"no such path {self.path}", "type": "not_found"}})
+                self.send_json(404, {"error": {"message": f"no such path {self.path}", "type": "not_found"}})
 
             def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("content-length") or 0))
-                try:
-                    body = json.loads(raw) if raw else None
-                except ValueError:
-                    body = raw.decode("utf-8", "replace")
+                body = parse_body(self.read_body())
                 request = stub._record(self, body)
                 if not self.path.split("?")[0].endswith("/responses") or not isinstance(body, dict):
-                    self._send(404, {"error": {"message": f"no such path {self.path}", "type": "not_found"}})
+                    self.send_json(404, {"error": {"message": f"no such path {self.path}", "type": "not_found"}})
                     return
                 reply = stub.responder(body)
                 request.reply = reply
                 if reply.status >= 400:
-                    self._send(reply.status, {"error": reply.error or {"message": "error"}})
+                    self.send_json(reply.status, {"error": reply.error or {"message": "error"}})
                     return
                 response = stub._response(body, reply)
                 try:
                     if body.get("stream"):
                         self._stream(response)
                     else:
-                        self._send(200, response)
+                        self.send_json(200, response)
                 except (BrokenPipeError, ConnectionResetError):
                     self.close_connection = True  # the client is gone (a run killed at its timeout)
-
-            def _send(self, status: int, payload: Any) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
 
             def _stream(self, response: dict[str, Any]) -> None:
                 self.send_response(200)

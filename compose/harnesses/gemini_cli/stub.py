@@ -26,9 +26,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
-from compose.harnesses.stub_server import ServedStub
+from compose.harnesses import stub_server
+from compose.harnesses.stub_server import QuietHandler, ServedStub, record_of
 
 #: The CLI's own shell tool (``bash -c <command>``), the one a scripted turn calls by default.
 SHELL_TOOL = "run_shell_command"
@@ -44,16 +44,8 @@ class Reply:
     error: dict[str, Any] | None = None  # with status >= 400: {"code", "message", "status"}
 
 
-@dataclass
-class RecordedRequest:
-    method: str
-    path: str
-    query: dict[str, str]
-    headers: dict[str, str]
-    body: Any  # parsed JSON, or the raw text, or None
-    raw: bytes = b""  # the body exactly as received
-    status: int | None = None  # what the stub answered
-    response: Any = None  # the GenerateContentResponse chunks (one for JSON), or the error body
+class RecordedRequest(stub_server.RecordedRequest):
+    """``response``: the GenerateContentResponse chunks (one for JSON), or the error body."""
 
     @property
     def route(self) -> str:
@@ -66,11 +58,6 @@ class RecordedRequest:
         """The model named in the path (``.../models/<model>:<method>``), slashes kept."""
         _, sep, rest = self.path.partition("/models/")
         return rest.rsplit(":", 1)[0] if sep and ":" in rest else None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "path": self.path, "query": self.query, "headers": self.headers,
-                "body": self.body, "status": self.status, "response": self.response}
-
 
 Responder = Callable[[dict[str, Any]], Reply]
 
@@ -135,17 +122,12 @@ class RecordingGeminiStub(ServedStub):
         self._lock = threading.Lock()
         stub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 self._serve(b"")
 
             def do_POST(self) -> None:
-                self._serve(self.rfile.read(int(self.headers.get("content-length") or 0)))
+                self._serve(self.read_body())
 
             def _serve(self, raw: bytes) -> None:
                 request = stub._record(self, raw)
@@ -181,12 +163,7 @@ class RecordingGeminiStub(ServedStub):
 
             def _json(self, request: RecordedRequest, status: int, payload: Any) -> None:
                 request.status, request.response = status, payload
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.send_json(status, payload)
 
         self._bind(host, port, Handler, name="gemini-stub")
 
@@ -200,13 +177,7 @@ class RecordingGeminiStub(ServedStub):
         return [r for r in self.requests if r.method == "POST" and r.path.endswith(_GENERATING)]
 
     def _record(self, handler: BaseHTTPRequestHandler, raw: bytes) -> RecordedRequest:
-        url = urlsplit(handler.path)
-        try:
-            body: Any = json.loads(raw) if raw else None
-        except ValueError:
-            body = raw.decode("utf-8", "replace")
-        request = RecordedRequest(handler.command, url.path, dict(parse_qsl(url.query)),
-                                  {k.lower(): v for k, v in handler.headers.items()}, body, raw)
+        request = record_of(handler, raw, RecordedRequest)
         with self._lock:
             self.requests.append(request)
         return request
