@@ -8,7 +8,6 @@ The tests that need the CLI install it on first use (``ensure_claude_code``: ``n
 from __future__ import annotations
 
 import json
-import os
 import platform
 from pathlib import Path
 
@@ -19,10 +18,10 @@ from compose.harnesses import claude_code as cc
 from compose.harnesses.claude_code.runner import ClaudeCodeUsageError
 from tests.unit.compose.harnesses.harness_cli_helpers import (
     check_pins,
+    check_real_cli_killed_at_the_timeout,
     installed_or_skip,
-    processes_in_home,
+    needs_proc,
     processes_with,
-    stalled_stub,
 )
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "claude_code"
@@ -189,7 +188,7 @@ def test_real_cli_resumes_a_persisted_session(claude_binary: Path, tmp_path: Pat
     assert resumed.index("first prompt") < resumed.index("first answer") < resumed.index("second prompt")
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find processes")
+@needs_proc
 def test_real_cli_leaves_no_process_behind(claude_binary: Path, tmp_path: Path) -> None:
     command = "(sleep 3171 &); nohup sleep 3172 >/dev/null 2>&1 & setsid sleep 3173 & echo tokentrail"
     replies = [cc.bash_tool_use(command), cc.text_reply("started")]
@@ -201,13 +200,11 @@ def test_real_cli_leaves_no_process_behind(claude_binary: Path, tmp_path: Path) 
     assert processes_with("sleep 317") == []
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find processes")
+@needs_proc
 def test_real_cli_is_killed_at_the_timeout(claude_binary: Path, tmp_path: Path) -> None:
-    home = tmp_path / "home-for-timeout-test"
-    home.mkdir()
-    with stalled_stub(cc.RecordingAnthropicStub, lambda: cc.text_reply("too late")) as stub:
-        result = cc.run_claude_code(stub.base_url, "hello", workdir=tmp_path, timeout=5,
-                                    executable=claude_binary, home=home)
-        assert result.timed_out and result.returncode is None and result.result is None
-        assert len(stub.messages_requests()) >= 1
-        assert processes_in_home(home) == []
+    result = check_real_cli_killed_at_the_timeout(
+        tmp_path, cc.RecordingAnthropicStub, lambda: cc.text_reply("too late"),
+        lambda stub, home: cc.run_claude_code(stub.base_url, "hello", workdir=tmp_path, timeout=5,
+                                              executable=claude_binary, home=home),
+        lambda stub: stub.messages_requests())
+    assert result.result is None

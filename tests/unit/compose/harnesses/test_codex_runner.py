@@ -9,14 +9,10 @@ when that is impossible here (no npm, or the registry unreachable).
 
 from __future__ import annotations
 
+import functools
 import json
-import os
 import platform
-import stat
-import subprocess
-import sys
 import threading
-import time
 import tomllib
 from pathlib import Path
 
@@ -25,11 +21,17 @@ import pytest
 from compose.harnesses import codex as cx
 from compose.harnesses import npm
 from tests.unit.compose.harnesses.harness_cli_helpers import (
+    check_no_process_outlives_a_normal_exit,
     check_pins,
+    check_real_cli_killed_at_the_timeout,
+    check_the_timeout_kills_the_tree,
+    fake_npm_ci,
+    forbid_npm,
     installed_or_skip,
-    processes_in_home,
-    processes_with,
-    stalled_stub,
+    needs_proc,
+    python_script,
+    run_fake_cli,
+    sleepers_source,
 )
 
 # --------------------------------------------------------------------------- pins and install
@@ -85,12 +87,7 @@ def _fake_install(root: Path, version: str = cx.CODEX_VERSION) -> Path:
 
 def test_ensure_is_idempotent_without_starting_npm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     binary = _fake_install(tmp_path)
-
-    def no_process(*args, **kwargs):
-        raise AssertionError("ensure_codex started a process although the pin is installed")
-
-    monkeypatch.setattr(npm.subprocess, "run", no_process)
-    monkeypatch.setattr(npm.shutil, "which", lambda name: None)
+    forbid_npm(monkeypatch, "ensure_codex")
     assert cx.ensure_codex(tmp_path) == binary and cx.ensure_codex(tmp_path) == binary
     assert cx.installed_version(tmp_path) == cx.CODEX_VERSION
 
@@ -104,15 +101,7 @@ def test_ensure_reinstalls_another_version_and_names_the_fix_without_npm(
 
 
 def test_ensure_runs_npm_ci_from_the_pin_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = []
-
-    def fake_run(argv, cwd, **kwargs):
-        calls.append((argv, Path(cwd)))
-        _fake_install(tmp_path)
-        return subprocess.CompletedProcess(argv, 0, "", "")
-
-    monkeypatch.setattr(npm.shutil, "which", lambda name: "/usr/bin/npm")
-    monkeypatch.setattr(npm.subprocess, "run", fake_run)
+    calls = fake_npm_ci(monkeypatch, lambda: _fake_install(tmp_path))
     target = cx.install_dir(tmp_path)
     target.mkdir(parents=True)
     assert cx.ensure_codex(tmp_path) == cx.binary_path(tmp_path)
@@ -202,14 +191,7 @@ with open(os.environ["STUB_RECORD"], "w") as f:
     json.dump({"argv": sys.argv, "cwd": os.getcwd(), "env": dict(os.environ),
                "config": open(os.path.join(home, "config.toml")).read(),
                "stdin": sys.stdin.read()}, f)
-mode = os.environ.get("STUB_MODE", "ok")
-marker = os.environ.get("STUB_MARKER", "0")
-if mode in ("hang", "leave"):
-    # a plain child, a setsid'd grandchild and a double fork: all must die with the run
-    subprocess.Popen(["sleep", "31" + marker + "1"])
-    subprocess.Popen(["setsid", "sleep", "31" + marker + "2"])
-    subprocess.Popen(["sh", "-c", "(sleep 31" + marker + "3 &)"])
-    time.sleep(0.5)
+""" + sleepers_source("31") + r"""
 print("not json: some banner")
 if mode == "fail":
     print(json.dumps({"type": "thread.started", "thread_id": "t"}))
@@ -227,22 +209,14 @@ print("Reading additional input from stdin...", file=sys.stderr)
 
 @pytest.fixture
 def stub_cli(tmp_path: Path) -> Path:
-    path = tmp_path / "bin" / "codex"
-    path.parent.mkdir()
-    path.write_text(f"#!{sys.executable}\n{_STUB}")
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return path
+    return python_script(tmp_path / "bin" / "codex", _STUB)
 
 
-def _run_stub(stub_cli: Path, tmp_path: Path, mode: str, **kwargs) -> tuple[cx.CodexResult, dict]:
-    record = tmp_path / f"record-{mode}.json"
-    workdir = tmp_path / "work"
-    workdir.mkdir(exist_ok=True)
-    env = {"STUB_RECORD": str(record), "STUB_MODE": mode, "STUB_EVENTS": json.dumps(_EVENTS),
-           **kwargs.pop("env", {})}
-    result = cx.run_codex("http://127.0.0.1:9/ng-rollout/r-1/training-token-capture/v1", "do it", workdir=workdir,
-                          executable=stub_cli, env=env, **kwargs)
-    return result, json.loads(record.read_text())
+def _run_stub(stub_cli: Path, tmp_path: Path, mode: str, *, env: dict[str, str] | None = None,
+              **kwargs) -> tuple[cx.CodexResult, dict]:
+    return run_fake_cli(tmp_path, mode, _EVENTS, lambda workdir, stub_env: cx.run_codex(
+        "http://127.0.0.1:9/ng-rollout/r-1/training-token-capture/v1", "do it", workdir=workdir,
+        executable=stub_cli, env=stub_env, **kwargs), env)
 
 
 def test_run_writes_config_into_a_fresh_codex_home_and_removes_it(stub_cli: Path, tmp_path: Path) -> None:
@@ -292,21 +266,15 @@ def test_parse_events_skips_what_is_not_a_json_object() -> None:
         {"type": "a"}, {"type": "b"}]
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find processes")
+@needs_proc
 def test_the_timeout_kills_the_cli_and_everything_it_started(stub_cli: Path, tmp_path: Path) -> None:
-    started = time.monotonic()
-    result, _ = _run_stub(stub_cli, tmp_path, "hang", timeout=3, env={"STUB_MARKER": "7"})
-    assert result.timed_out and result.returncode is None and not result.ok
-    assert time.monotonic() - started < 15
+    result = check_the_timeout_kills_the_tree(functools.partial(_run_stub, stub_cli, tmp_path), "31")
     assert result.thread_id == "t"  # what it printed before the timeout is kept
-    assert processes_with("sleep 317", unless="STUB") == []
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find processes")
+@needs_proc
 def test_no_process_outlives_a_normal_exit(stub_cli: Path, tmp_path: Path) -> None:
-    result, _ = _run_stub(stub_cli, tmp_path, "leave", env={"STUB_MARKER": "8"})
-    assert result.ok
-    assert processes_with("sleep 318", unless="STUB") == []
+    check_no_process_outlives_a_normal_exit(functools.partial(_run_stub, stub_cli, tmp_path), "31")
 
 
 # --------------------------------------------------------------------------- the real CLI
@@ -384,13 +352,11 @@ def test_real_cli_runs_exec_command_against_the_responses_stub(codex_binary: Pat
     assert "Process exited with code 0" in output_item["output"] and "tokentrail" in output_item["output"]
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find processes")
+@needs_proc
 def test_real_cli_is_killed_at_the_timeout(codex_binary: Path, tmp_path: Path) -> None:
-    home = tmp_path / "home-for-timeout-test"
-    home.mkdir()
-    with stalled_stub(cx.RecordingResponsesStub, lambda: cx.text_reply("too late")) as stub:
-        result = cx.run_codex(stub.base_url, "hello", workdir=tmp_path, timeout=5, executable=codex_binary,
-                              home=home)
-        assert result.timed_out and result.returncode is None and not result.ok
-        assert len(stub.responses_requests()) >= 1
-        assert processes_in_home(home) == []
+    result = check_real_cli_killed_at_the_timeout(
+        tmp_path, cx.RecordingResponsesStub, lambda: cx.text_reply("too late"),
+        lambda stub, home: cx.run_codex(stub.base_url, "hello", workdir=tmp_path, timeout=5,
+                                        executable=codex_binary, home=home),
+        lambda stub: stub.responses_requests())
+    assert not result.ok

@@ -11,12 +11,8 @@ registry unreachable).
 
 from __future__ import annotations
 
+import functools
 import json
-import os
-import stat
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,10 +21,17 @@ from compose.harnesses import gemini_cli as gc
 from compose.harnesses import npm
 from compose.harnesses.gemini_cli import fixtures as gfx
 from tests.unit.compose.harnesses.harness_cli_helpers import (
+    check_no_process_outlives_a_normal_exit,
+    check_pin_files,
+    check_real_cli_killed_at_the_timeout,
+    check_the_timeout_kills_the_tree,
+    fake_npm_ci,
+    forbid_npm,
     installed_or_skip,
-    processes_in_home,
-    processes_with,
-    stalled_stub,
+    needs_proc,
+    python_script,
+    run_fake_cli,
+    sleepers_source,
 )
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "gemini_cli"
@@ -38,12 +41,7 @@ BASE = "http://127.0.0.1:9/ng-rollout/r-1/training-token-capture"
 
 
 def test_the_three_pins_agree() -> None:
-    manifest = json.loads((gc.PIN_DIR / "package.json").read_text())
-    lock = json.loads((gc.PIN_DIR / "package-lock.json").read_text())
-    assert manifest["dependencies"] == {gc.GEMINI_CLI_PACKAGE: gc.GEMINI_CLI_VERSION}
-    assert lock["packages"][""]["dependencies"] == manifest["dependencies"]
-    entry = lock["packages"][f"node_modules/{gc.GEMINI_CLI_PACKAGE}"]
-    assert entry["version"] == gc.GEMINI_CLI_VERSION and entry["integrity"].startswith("sha512-")
+    entry, lock = check_pin_files(gc.PIN_DIR, gc.GEMINI_CLI_PACKAGE, gc.GEMINI_CLI_VERSION)
     assert entry["bin"] == {"gemini": "bundle/gemini.js"} and "hasInstallScript" not in entry
     assert entry["engines"] == {"node": f">={gc.install.NODE_MAJOR}"}
     # Every package is pinned with the registry's hash; only optional ones have install scripts
@@ -65,12 +63,7 @@ def _fake_install(root: Path, version: str = gc.GEMINI_CLI_VERSION) -> Path:
 
 def test_ensure_is_idempotent_without_starting_npm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     entry = _fake_install(tmp_path)
-
-    def no_process(*args, **kwargs):
-        raise AssertionError("ensure_gemini_cli started a process although the pin is installed")
-
-    monkeypatch.setattr(npm.subprocess, "run", no_process)
-    monkeypatch.setattr(npm.shutil, "which", lambda name: None)
+    forbid_npm(monkeypatch, "ensure_gemini_cli")
     assert gc.ensure_gemini_cli(tmp_path) == entry == tmp_path / ".tokentrail/gemini-cli/node_modules/" \
         "@google/gemini-cli/bundle/gemini.js"
     assert gc.installed_version(tmp_path) == gc.GEMINI_CLI_VERSION
@@ -86,15 +79,7 @@ def test_ensure_reinstalls_another_version_and_names_the_fix_without_npm(
 
 
 def test_ensure_runs_npm_ci_from_the_pin_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = []
-
-    def fake_run(argv, cwd, **kwargs):
-        calls.append((argv, Path(cwd)))
-        _fake_install(tmp_path)
-        return subprocess.CompletedProcess(argv, 0, "", "")
-
-    monkeypatch.setattr(npm.shutil, "which", lambda name: "/usr/bin/npm")
-    monkeypatch.setattr(npm.subprocess, "run", fake_run)
+    calls = fake_npm_ci(monkeypatch, lambda: _fake_install(tmp_path))
     target = gc.install_dir(tmp_path)
     target.mkdir(parents=True)
     assert gc.ensure_gemini_cli(tmp_path) == gc.entry_path(tmp_path)
@@ -103,16 +88,9 @@ def test_ensure_runs_npm_ci_from_the_pin_files(tmp_path: Path, monkeypatch: pyte
     assert (target / "package-lock.json").read_text() == (gc.PIN_DIR / "package-lock.json").read_text()
 
 
-def _script(path: Path, body: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"#!{sys.executable}\n{body}")
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return path
-
-
 @pytest.mark.parametrize("version", ["v18.19.0", "v8.0.0", "not a version", ""])
 def test_an_old_or_strange_node_is_refused_naming_the_fix(tmp_path: Path, version: str) -> None:
-    node = _script(tmp_path / "node", f"print({version!r})")
+    node = python_script(tmp_path / "node", f"print({version!r})")
     with pytest.raises(gc.GeminiCliUnavailable, match=r"needs Node.js >= 20: install a newer Node.js"):
         gc.node_executable(str(node))
 
@@ -125,7 +103,7 @@ def test_a_missing_node_is_refused_naming_the_fix(monkeypatch: pytest.MonkeyPatc
 
 def test_node_20_and_later_are_accepted(tmp_path: Path) -> None:
     for version in ("v20.0.0", "v22.11.3", "v24.1.0-nightly"):
-        node = _script(tmp_path / f"node-{version}", f"print({version!r})")
+        node = python_script(tmp_path / f"node-{version}", f"print({version!r})")
         assert gc.node_executable(str(node)) == str(node)
 
 
@@ -195,13 +173,7 @@ with open(os.environ["STUB_RECORD"], "w") as f:
     json.dump({"argv": sys.argv, "cwd": os.getcwd(), "env": dict(os.environ),
                "settings": json.load(open(os.path.join(home, ".gemini", "settings.json"))),
                "stdin": sys.stdin.read()}, f)
-mode = os.environ.get("STUB_MODE", "ok")
-marker = os.environ.get("STUB_MARKER", "0")
-if mode in ("hang", "leave"):
-    subprocess.Popen(["sleep", "32" + marker + "1"])
-    subprocess.Popen(["setsid", "sleep", "32" + marker + "2"])
-    subprocess.Popen(["sh", "-c", "(sleep 32" + marker + "3 &)"])
-    time.sleep(0.5)
+""" + sleepers_source("32") + r"""
 print("YOLO mode is enabled. All tool calls will be automatically approved.", file=sys.stderr)
 if mode == "fail":
     print(json.dumps({"type": "init", "session_id": "s"}))
@@ -218,18 +190,13 @@ for event in json.loads(os.environ["STUB_EVENTS"]):
 
 @pytest.fixture
 def stub_node(tmp_path: Path) -> Path:
-    return _script(tmp_path / "bin" / "node", _STUB)
+    return python_script(tmp_path / "bin" / "node", _STUB)
 
 
-def _run_stub(stub_node: Path, tmp_path: Path, mode: str, **kwargs) -> tuple[gc.GeminiCliResult, dict]:
-    record = tmp_path / f"record-{mode}.json"
-    workdir = tmp_path / "work"
-    workdir.mkdir(exist_ok=True)
-    env = {"STUB_RECORD": str(record), "STUB_MODE": mode, "STUB_EVENTS": json.dumps(_EVENTS),
-           **kwargs.pop("env", {})}
-    result = gc.run_gemini_cli(BASE, "do it", workdir=workdir, node=str(stub_node), entry=Path("/x/gemini.js"),
-                               env=env, **kwargs)
-    return result, json.loads(record.read_text())
+def _run_stub(stub_node: Path, tmp_path: Path, mode: str, *, env: dict[str, str] | None = None,
+              **kwargs) -> tuple[gc.GeminiCliResult, dict]:
+    return run_fake_cli(tmp_path, mode, _EVENTS, lambda workdir, stub_env: gc.run_gemini_cli(
+        BASE, "do it", workdir=workdir, node=str(stub_node), entry=Path("/x/gemini.js"), env=stub_env, **kwargs), env)
 
 
 def test_run_writes_settings_into_a_fresh_home_and_removes_it(stub_node: Path, tmp_path: Path) -> None:
@@ -268,21 +235,15 @@ def test_a_failed_run_is_not_ok(stub_node: Path, tmp_path: Path) -> None:
     assert [e["message"] for e in result.errors()] == ["upstream said no"]
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find processes")
+@needs_proc
 def test_the_timeout_kills_the_cli_and_everything_it_started(stub_node: Path, tmp_path: Path) -> None:
-    started = time.monotonic()
-    result, _ = _run_stub(stub_node, tmp_path, "hang", timeout=3, env={"STUB_MARKER": "7"})
-    assert result.timed_out and result.returncode is None and not result.ok
-    assert time.monotonic() - started < 15
+    result = check_the_timeout_kills_the_tree(functools.partial(_run_stub, stub_node, tmp_path), "32")
     assert result.session_id == "s"  # what it printed before the timeout is kept
-    assert processes_with("sleep 327", unless="STUB") == []
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find processes")
+@needs_proc
 def test_no_process_outlives_a_normal_exit(stub_node: Path, tmp_path: Path) -> None:
-    result, _ = _run_stub(stub_node, tmp_path, "leave", env={"STUB_MARKER": "8"})
-    assert result.ok
-    assert processes_with("sleep 328", unless="STUB") == []
+    check_no_process_outlives_a_normal_exit(functools.partial(_run_stub, stub_node, tmp_path), "32")
 
 
 # --------------------------------------------------------------------------- the real CLI
@@ -345,13 +306,11 @@ def test_real_cli_requests_match_the_fixtures(gemini_entry: Path) -> None:
             f"the CLI's requests drifted from tests/fixtures/gemini_cli; regenerate: {index['regenerate']}")
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find processes")
+@needs_proc
 def test_real_cli_is_killed_at_the_timeout(gemini_entry: Path, tmp_path: Path) -> None:
-    home = tmp_path / "home-for-timeout-test"
-    home.mkdir()
-    with stalled_stub(gc.RecordingGeminiStub, lambda: gc.text_reply("too late")) as stub:
-        result = gc.run_gemini_cli(stub.base_url, "hello", workdir=tmp_path, timeout=5, entry=gemini_entry,
-                                   home=home)
-        assert result.timed_out and result.returncode is None and not result.ok
-        assert len(stub.generate_requests()) >= 1
-        assert processes_in_home(home) == []
+    result = check_real_cli_killed_at_the_timeout(
+        tmp_path, gc.RecordingGeminiStub, lambda: gc.text_reply("too late"),
+        lambda stub, home: gc.run_gemini_cli(stub.base_url, "hello", workdir=tmp_path, timeout=5,
+                                             entry=gemini_entry, home=home),
+        lambda stub: stub.generate_requests())
+    assert not result.ok
