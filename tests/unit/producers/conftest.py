@@ -13,7 +13,7 @@ from producers.http.app import Interceptor
 from producers.settings import InterceptorSettings
 from schemas.codec import decode_event
 from schemas.kafka.bridge import PublishFailed
-from schemas.records import CallStarted
+from schemas.records import CallCaptured, CallStarted
 
 
 class RecordingPublisher:
@@ -124,6 +124,27 @@ async def app(publisher, upstream):
     await interceptor.startup()
     yield interceptor
     await interceptor.shutdown()
+
+
+@pytest.fixture
+async def policy_app(publisher):
+    """The bare interceptor ASGI app over the in-process reference policy server, serving
+    ``tokentrail-policy`` whatever model a client names: the real SDKs of every dialect run
+    multi-turn sessions through it."""
+    from compose.engines.policy import create_app
+
+    upstream = httpx.AsyncClient(base_url="http://policy", transport=httpx.ASGITransport(app=create_app()))
+    interceptor = Interceptor(InterceptorSettings(upstream_url="http://policy", bootstrap="unused:1",
+                                                  upstream_model="tokentrail-policy"),
+                              publisher=publisher, upstream=upstream)  # type: ignore[arg-type]
+    await interceptor.startup()
+    yield interceptor
+    await interceptor.shutdown()
+
+
+def captured(publisher: RecordingPublisher) -> list[CallCaptured]:
+    """The CallCaptured bodies ``publisher`` recorded, in publish order."""
+    return [e.body for e in publisher.events if isinstance(e.body, CallCaptured)]
 
 
 @pytest.fixture

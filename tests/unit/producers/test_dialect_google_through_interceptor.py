@@ -10,11 +10,9 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
-from compose.engines.policy import create_app
-from producers.http.app import Interceptor
-from producers.settings import InterceptorSettings
 from schemas.ids import call_id_from_response_id
 from schemas.records import CallCaptured, Dialect, ParentResolution
+from tests.unit.producers.conftest import captured
 from tests.unit.producers.dialects.conftest import assert_clean
 
 MODEL = "gemini-2.5-flash"
@@ -28,18 +26,6 @@ READ = types.FunctionDeclaration(
                             required=["path"]))
 
 
-@pytest.fixture
-async def app(publisher):
-    policy = create_app()
-    upstream = httpx.AsyncClient(base_url="http://policy", transport=httpx.ASGITransport(app=policy))
-    interceptor = Interceptor(InterceptorSettings(upstream_url="http://policy", bootstrap="unused:1",
-                                                  upstream_model="tokentrail-policy"),
-                              publisher=publisher, upstream=upstream)  # type: ignore[arg-type]
-    await interceptor.startup()
-    yield interceptor
-    await interceptor.shutdown()
-
-
 def client(app, rollout: str, seen: list | None = None) -> genai.Client:
     async def record(response: httpx.Response) -> None:
         if seen is not None:
@@ -50,10 +36,6 @@ def client(app, rollout: str, seen: list | None = None) -> genai.Client:
     return genai.Client(api_key="x", http_options=types.HttpOptions(
         base_url=f"http://tt/ng-rollout/{rollout}/training-token-capture", httpx_async_client=http,
         retry_options=types.HttpRetryOptions(attempts=1)))
-
-
-def captured(publisher) -> list[CallCaptured]:
-    return [e.body for e in publisher.events if isinstance(e.body, CallCaptured)]
 
 
 async def run_session(sdk: genai.Client, *, stream: bool) -> list[types.GenerateContentResponse]:
@@ -109,9 +91,9 @@ def assert_chain(calls: list[CallCaptured]) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_google_sdk_function_calling_round_trip(app, publisher, stream):
+async def test_google_sdk_function_calling_round_trip(policy_app, publisher, stream):
     seen: list[httpx.Response] = []
-    finals = await run_session(client(app, f"g-{stream}", seen), stream=stream)
+    finals = await run_session(client(policy_app, f"g-{stream}", seen), stream=stream)
     assert [f.candidates[0].finish_reason for f in finals] == [types.FinishReason.STOP] * 3
     for final in finals[:2]:
         (call,) = [p.function_call for p in final.candidates[0].content.parts if p.function_call]
@@ -131,9 +113,9 @@ async def test_google_sdk_function_calling_round_trip(app, publisher, stream):
         assert b"token_ids" not in response.content and b"logprobs" not in response.content
 
 
-async def test_streamed_equals_non_streamed(app, publisher):
-    plain = await run_session(client(app, "g-plain"), stream=False)
-    streamed = await run_session(client(app, "g-stream"), stream=True)
+async def test_streamed_equals_non_streamed(policy_app, publisher):
+    plain = await run_session(client(policy_app, "g-plain"), stream=False)
+    streamed = await run_session(client(policy_app, "g-stream"), stream=True)
 
     def shape(response: types.GenerateContentResponse) -> list:
         # tool-call ids are the engine's, random per call; everything else must match
@@ -144,8 +126,8 @@ async def test_streamed_equals_non_streamed(app, publisher):
     assert [shape(r) for r in plain] == [shape(r) for r in streamed]
 
 
-async def test_count_tokens_answers_the_rendered_prompt_and_records_nothing(app, publisher):
-    sdk = client(app, "g-count")
+async def test_count_tokens_answers_the_rendered_prompt_and_records_nothing(policy_app, publisher):
+    sdk = client(policy_app, "g-count")
     contents = [types.Content(role="user", parts=[types.Part(text="List the files.")])]
     counted = await sdk.aio.models.count_tokens(model=MODEL, contents=contents)
     assert publisher.events == []  # no intent, no capture: counting never records
@@ -154,8 +136,8 @@ async def test_count_tokens_answers_the_rendered_prompt_and_records_nothing(app,
     assert counted.total_tokens == len(call.prompt_token_ids)
 
 
-async def test_a_bad_request_is_a_400_in_googles_shape_and_records_nothing(app, publisher):
-    sdk = client(app, "g-bad")
+async def test_a_bad_request_is_a_400_in_googles_shape_and_records_nothing(policy_app, publisher):
+    sdk = client(policy_app, "g-bad")
     config = types.GenerateContentConfig(candidate_count=2)
     with pytest.raises(errors.ClientError) as caught:
         await sdk.aio.models.generate_content(model=MODEL, contents="hi", config=config)
@@ -172,15 +154,15 @@ async def raw(app, path: str, body: dict, rollout: str = "g-raw") -> httpx.Respo
 HELLO = {"contents": [{"role": "user", "parts": [{"text": "Say hello."}]}]}
 
 
-async def test_a_stream_without_alt_sse_is_a_400_and_records_nothing(app, publisher):
-    r = await raw(app, f"/v1beta/models/{MODEL}:streamGenerateContent", HELLO)
+async def test_a_stream_without_alt_sse_is_a_400_and_records_nothing(policy_app, publisher):
+    r = await raw(policy_app, f"/v1beta/models/{MODEL}:streamGenerateContent", HELLO)
     assert r.status_code == 400 and r.json()["error"]["status"] == "INVALID_ARGUMENT"
     assert "alt=sse" in r.json()["error"]["message"]
     assert publisher.events == []
 
 
-async def test_the_facts_name_the_model_of_the_path_and_the_budget_of_generation_config(app, publisher):
-    r = await raw(app, f"/v1beta/models/{MODEL}:generateContent", {**HELLO, "generationConfig": {"maxOutputTokens": 40}})
+async def test_the_facts_name_the_model_of_the_path_and_the_budget_of_generation_config(policy_app, publisher):
+    r = await raw(policy_app, f"/v1beta/models/{MODEL}:generateContent", {**HELLO, "generationConfig": {"maxOutputTokens": 40}})
     assert r.status_code == 200, r.text
     (call,) = captured(publisher)
     assert (call.facts.requested_model, call.facts.max_tokens, call.facts.route) == (
@@ -189,8 +171,8 @@ async def test_the_facts_name_the_model_of_the_path_and_the_budget_of_generation
 
 
 @pytest.mark.parametrize("prefix", ["", "/ng-rollout/g-eval", "/ng-rollout/g-cap/training-token-capture"])
-async def test_count_tokens_records_nothing_on_any_prefix(app, publisher, prefix):
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://tt") as http:
+async def test_count_tokens_records_nothing_on_any_prefix(policy_app, publisher, prefix):
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=policy_app), base_url="http://tt") as http:
         r = await http.post(f"{prefix}/v1beta/models/{MODEL}:countTokens", json=HELLO)
         bad = await http.post(f"{prefix}/v1beta/models/{MODEL}:countTokens", json={"contents": "nope"})
     assert r.status_code == 200 and r.json()["totalTokens"] > 0
@@ -198,14 +180,14 @@ async def test_count_tokens_records_nothing_on_any_prefix(app, publisher, prefix
     assert publisher.events == []
 
 
-async def test_an_engine_error_is_in_googles_shape(app, publisher):
-    r = await raw(app, f"/v1beta/models/{MODEL}:generateContent", {**HELLO, "generationConfig": {"temperature": -5}})
+async def test_an_engine_error_is_in_googles_shape(policy_app, publisher):
+    r = await raw(policy_app, f"/v1beta/models/{MODEL}:generateContent", {**HELLO, "generationConfig": {"temperature": -5}})
     assert r.status_code == 400, r.text
     assert set(r.json()["error"]) == {"code", "message", "status"} and r.json()["error"]["code"] == 400
 
 
-def test_a_stream_error_event_is_a_google_error_chunk(app):
-    adapter = app.adapters["google"]
+def test_a_stream_error_event_is_a_google_error_chunk(policy_app):
+    adapter = policy_app.adapters["google"]
     parsed = adapter.parse(HELLO, api_path=f"/v1beta/models/{MODEL}:streamGenerateContent", query="alt=sse")
     event = adapter.stream_adapter("gen_ttx", parsed).error(503, "the capture is not durable")
     assert event == b'data: {"error":{"code":503,"message":"the capture is not durable","status":"UNAVAILABLE"}}\n\n'

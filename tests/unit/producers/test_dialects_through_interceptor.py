@@ -10,32 +10,14 @@ import httpx2
 import openai
 import pytest
 
-from compose.engines.policy import create_app
-from producers.http.app import Interceptor
-from producers.settings import InterceptorSettings
 from schemas.ids import call_id_from_response_id
 from schemas.records import CallCaptured, Dialect, ParentResolution
+from tests.unit.producers.conftest import captured
 
 BASH = {"name": "Bash", "description": "Run a shell command",
         "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
 RESP_BASH = {"type": "function", "name": "Bash", "description": "Run a shell command",
              "parameters": BASH["input_schema"]}
-
-
-@pytest.fixture
-async def app(publisher):
-    policy = create_app()
-    upstream = httpx.AsyncClient(base_url="http://policy", transport=httpx.ASGITransport(app=policy))
-    interceptor = Interceptor(InterceptorSettings(upstream_url="http://policy", bootstrap="unused:1",
-                                                  upstream_model="tokentrail-policy"),
-                              publisher=publisher, upstream=upstream)  # type: ignore[arg-type]
-    await interceptor.startup()
-    yield interceptor
-    await interceptor.shutdown()
-
-
-def captured(publisher) -> list[CallCaptured]:
-    return [e.body for e in publisher.events if isinstance(e.body, CallCaptured)]
 
 
 def assert_chain(calls: list[CallCaptured], dialect: Dialect) -> None:
@@ -49,10 +31,10 @@ def assert_chain(calls: list[CallCaptured], dialect: Dialect) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_anthropic_sdk_multi_turn_tool_use(app, publisher, stream):
+async def test_anthropic_sdk_multi_turn_tool_use(policy_app, publisher, stream):
     client = anthropic.AsyncAnthropic(
         base_url=f"http://tt/ng-rollout/anth-{stream}/training-token-capture", api_key="x", max_retries=0,
-        http_client=httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://tt"))
+        http_client=httpx2.AsyncClient(transport=httpx2.ASGITransport(app=policy_app), base_url="http://tt"))
     system = [{"type": "text", "text": "You are an agent. #tool-calls=2", "cache_control": {"type": "ephemeral"}}]
     messages: list[dict] = [{"role": "user", "content": "List the files."}]
     ids = []
@@ -77,10 +59,10 @@ async def test_anthropic_sdk_multi_turn_tool_use(app, publisher, stream):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_openai_responses_sdk_multi_turn_tool_use(app, publisher, stream):
+async def test_openai_responses_sdk_multi_turn_tool_use(policy_app, publisher, stream):
     client = openai.AsyncOpenAI(base_url=f"http://tt/ng-rollout/resp-{stream}/training-token-capture/v1",
                                 api_key="x", max_retries=0,
-                                http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app)))
+                                http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=policy_app)))
     items: list = [{"role": "user", "content": "List the files."}]
     for _ in range(4):
         kwargs = dict(model="claude-sonnet-x", instructions="You are an agent. #tool-calls=2", input=items,
@@ -100,8 +82,8 @@ async def test_openai_responses_sdk_multi_turn_tool_use(app, publisher, stream):
     assert call_id_from_response_id(final.id) == calls[-1].model_call_id
 
 
-async def test_anthropic_bad_request_is_a_400_in_anthropic_shape(app, publisher):
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://tt") as http:
+async def test_anthropic_bad_request_is_a_400_in_anthropic_shape(policy_app, publisher):
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=policy_app), base_url="http://tt") as http:
         r = await http.post("/ng-rollout/a-bad/training-token-capture/v1/messages",
                             json={"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "mystery"}]}]})
     assert r.status_code == 400 and r.json()["type"] == "error" and "mystery" in r.json()["error"]["message"]
