@@ -104,28 +104,26 @@ def test_claude_code_collect_killed_half_way_then_resumed(claude, collect_stack,
         assert_one_token_exact_chain(collect_stack, record)
 
 
-def test_codex_collect_on_a_few_tasks(codex, collect_stack, tmp_path):
+def _collect_three_tasks(harness: str, collect_stack, tmp_path) -> list[dict]:
+    """``tokentrail collect --harness <harness>`` on 3 tasks at concurrency 3: every row verified."""
     tasks = write_tasks(tmp_path / "tasks.jsonl", 3)
     out = tmp_path / "results.jsonl"
-    done = run_collect(collect_argv(collect_stack, tasks, out, "codex", "--concurrency", "3",
+    done = run_collect(collect_argv(collect_stack, tasks, out, harness, "--concurrency", "3",
                                     "--rollout-timeout", "300"), timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     keys = {f"{json.loads(line)['id']}-0" for line in tasks.read_text().splitlines()}
     got = _check_rows(collect_stack, out, keys)
     assert all(r["failure_class"] is None for r in got), [r.get("failure_detail") for r in got]
     assert "collect: 3/3 rollouts" in done.stdout
+    return got
+
+
+def test_codex_collect_on_a_few_tasks(codex, collect_stack, tmp_path):
+    _collect_three_tasks("codex", collect_stack, tmp_path)
 
 
 def test_gemini_cli_collect_on_a_few_tasks(gemini_cli, collect_stack, tmp_path):
-    tasks = write_tasks(tmp_path / "tasks.jsonl", 3)
-    out = tmp_path / "results.jsonl"
-    done = run_collect(collect_argv(collect_stack, tasks, out, "gemini-cli", "--concurrency", "3",
-                                    "--rollout-timeout", "300"), timeout=900)
-    assert done.returncode == 0, done.stdout + done.stderr
-    keys = {f"{json.loads(line)['id']}-0" for line in tasks.read_text().splitlines()}
-    got = _check_rows(collect_stack, out, keys)
-    assert all(r["failure_class"] is None for r in got), [r.get("failure_detail") for r in got]
-    assert "collect: 3/3 rollouts" in done.stdout
+    got = _collect_three_tasks("gemini-cli", collect_stack, tmp_path)
     assert_one_token_exact_chain(collect_stack, json.loads(open(got[0]["trajectory_path"]).read()))
 
 
