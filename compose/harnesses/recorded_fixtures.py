@@ -1,6 +1,7 @@
 """What the request-fixture recorders of the CLIs (``compose.harnesses.claude_code.fixtures``,
 ``compose.harnesses.gemini_cli.fixtures``) share: the sanitizer, the CLI's body bytes, the scratch
-directories a scenario runs in, and writing one scenario's request files.
+directories a scenario runs in, writing one scenario's request files, and ``record-fixtures``'
+record-then-write loop.
 
 Guarantees: a ``Sanitizer`` replaces every form of the run's home and working directory (as given
 and resolved, longest first, so a home inside the workdir's parent is replaced before that parent)
@@ -16,10 +17,11 @@ import contextlib
 import json
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 SANITIZED_HOME = "/home/tokentrail"
 SANITIZED_WORKDIR = "/work/rollout"
@@ -116,10 +118,38 @@ def write_requests(out_dir: Path, scenario: str, requests: list[dict[str, Any]],
     return files
 
 
+class Recording(Protocol):
+    """A harness's recording of one scenario: the sanitized requests."""
+
+    requests: list[dict[str, Any]]
+
+
+R = TypeVar("R", bound=Recording)
+
+
+def record_and_write(out_dir: Path, names: Iterable[str], record: Callable[[str], R],
+                     failure: Callable[[R], str | None], write: Callable[[Path, list[R]], Any]) -> int:
+    """``record`` each scenario, then ``write`` them all into ``out_dir``; the exit status of
+    ``record-fixtures``. The first scenario ``failure`` names (the CLI failed) is printed to stderr
+    and nothing is written (1)."""
+    recordings = []
+    for name in names:
+        recording = record(name)
+        why = failure(recording)
+        if why is not None:
+            print(f"{name}: {why}", file=sys.stderr)
+            return 1
+        recordings.append(recording)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write(out_dir, recordings)
+    print(f"wrote {sum(len(r.requests) for r in recordings)} requests to {out_dir}")
+    return 0
+
+
 def write_json(path: Path, value: Any) -> None:
     """``value`` as a fixture file: indent 1, UTF-8 as is, a final newline."""
     path.write_text(json.dumps(value, indent=1, ensure_ascii=False) + "\n")
 
 
-__all__ = ["SANITIZED_HOME", "SANITIZED_HOST", "SANITIZED_WORKDIR", "Recorded", "Sanitizer", "compact_json",
-           "scratch_dirs", "write_json", "write_requests"]
+__all__ = ["SANITIZED_HOME", "SANITIZED_HOST", "SANITIZED_WORKDIR", "Recorded", "Recording", "Sanitizer",
+           "compact_json", "record_and_write", "scratch_dirs", "write_json", "write_requests"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from compose.harnesses.recorded_fixtures import (
     SANITIZED_HOST,
     SANITIZED_WORKDIR,
     compact_json,
+    record_and_write,
     scratch_dirs,
     write_json,
     write_requests,
@@ -161,16 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "install":
         print(binary)
         return 0
-    recordings = []
-    for name in args.scenario or list(SCENARIOS):
-        recording = record_scenario(name, executable=binary)
-        if not recording.result.ok:
-            print(f"{name}: the CLI failed: {recording.result.stderr_tail}", file=sys.stderr)
-            return 1
-        recordings.append(recording)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    write_fixtures(args.out_dir, recordings)
-    print(f"wrote {sum(len(r.requests) for r in recordings)} requests to {args.out_dir}")
-    return 0
+    return record_and_write(
+        args.out_dir, args.scenario or list(SCENARIOS), lambda name: record_scenario(name, executable=binary),
+        lambda rec: None if rec.result.ok else f"the CLI failed: {rec.result.stderr_tail}", write_fixtures)
 
 

@@ -31,6 +31,7 @@ from compose.harnesses.recorded_fixtures import (
     SANITIZED_HOME,
     SANITIZED_HOST,
     SANITIZED_WORKDIR,
+    record_and_write,
     scratch_dirs,
     write_json,
     write_requests,
@@ -175,15 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "install":
         print(entry)
         return 0
-    recordings = []
-    for name in args.scenario or list(SCENARIOS):
-        recording = record_scenario(name, entry=entry)
-        if not recording.result.ok:
-            print(f"{name}: the CLI failed (exit {recording.result.returncode}): {recording.result.stderr_tail}",
-                  file=sys.stderr)
-            return 1
-        recordings.append(recording)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    write_fixtures(args.out_dir, recordings)
-    print(f"wrote {sum(len(r.requests) for r in recordings)} requests to {args.out_dir}")
-    return 0
+    return record_and_write(
+        args.out_dir, args.scenario or list(SCENARIOS), lambda name: record_scenario(name, entry=entry),
+        lambda rec: None if rec.result.ok else f"the CLI failed (exit {rec.result.returncode}): {rec.result.stderr_tail}",
+        write_fixtures)
