@@ -29,7 +29,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from compose.rig.kafka.broker import BrokerError, ensure_jars, start_broker, stop_broker
+    from compose.rig.kafka.broker import BrokerError, fresh_broker, stop_broker
     from compose.rig.stack import LocalStack, StackError, kafka_configs_of_args
 
     try:
@@ -43,12 +43,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         bootstrap = args.bootstrap
         if bootstrap is None:
-            ensure_jars()
             started_broker = (DEMO_DIR / "kafka").resolve()
-            stop_broker(started_broker)  # a fresh log for every demo
-            info = start_broker(started_broker)
-            bootstrap = info.bootstrap
-            print(f"kafka     {bootstrap} (Apache Kafka {info.kafka_version}, pid {info.pid})")
+            bootstrap = fresh_broker(started_broker).bootstrap  # a fresh log for every demo
         with LocalStack(bootstrap, run_dir, topic_prefix=f"demo{tag}.", processor_id=f"demo{tag}",
                         kafka_configs=kafka_configs) as stack:
             print(f"policy    {stack.policy_url}")

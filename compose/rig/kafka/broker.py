@@ -276,6 +276,17 @@ def _launch(state: Path, java: str, libs: Path, version: str, partitions: int, h
     raise BrokerError(f"Kafka broker {why}; last lines of {state / 'broker.log'}:\n{tail}")
 
 
+def fresh_broker(state_dir: Path, *, say=print) -> BrokerInfo:
+    """A broker of ``state_dir`` on a fresh log (whatever ran there stopped, its data removed), jars fetched
+    first if needed; ``say`` gets the line the demos print. The demos' own broker (``tokentrail demo``,
+    ``demo-async``, ``demo-trl``)."""
+    ensure_jars()
+    stop_broker(state_dir)
+    info = start_broker(state_dir)
+    say(f"kafka     {info.bootstrap} (Apache Kafka {info.kafka_version}, pid {info.pid})")
+    return info
+
+
 def kill_broker(state_dir: Path | str) -> BrokerInfo:
     """SIGKILL the broker (a crash), keeping its data and ports for ``restart_broker``."""
     state = Path(state_dir).resolve()

@@ -73,7 +73,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from compose.engines.vllm_rig.engine import unavailable_reason
-    from compose.rig.kafka.broker import ensure_jars, start_broker, stop_broker
+    from compose.rig.kafka.broker import fresh_broker, stop_broker
 
     engine = args.engine or ("reference" if unavailable_reason() else "vllm")
     try:
@@ -88,12 +88,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         bootstrap = args.bootstrap
         if bootstrap is None:
-            ensure_jars()
             broker_dir = (TRL_DEMO_DIR / "kafka").resolve()
-            stop_broker(broker_dir)  # a fresh log for every run
-            info = start_broker(broker_dir)
-            bootstrap = info.bootstrap
-            print(f"kafka     {bootstrap} (Apache Kafka {info.kafka_version}, pid {info.pid})", flush=True)
+            bootstrap = fresh_broker(broker_dir, say=lambda line: print(line, flush=True)).bootstrap
         result = run_demo(bootstrap, run_dir, opts)
         print(f"\ndone in {time.monotonic() - started:.0f} s" + (f"; logs: {run_dir}" if args.keep else ""))
         return 0 if result.consistent and len(result.steps) == opts.steps else 1
