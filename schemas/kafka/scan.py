@@ -166,8 +166,12 @@ def watermarks(consumer: Any, tp: Any, *, deadline: float) -> tuple[int, int]:
     NOT_LEADER_FOR_PARTITION / LEADER_NOT_AVAILABLE for a moment (seen in CI); and a loaded broker's
     metadata can leave a partition out of the client's cache for a moment, which the client reports as
     its local _UNKNOWN_PARTITION (seen in CI: an announcement failed on it, and a follower's lease check).
+    The client does not look again by itself (its next metadata refresh can be minutes away; in CI the
+    partition stayed unknown through 10 s of retries), so a partition or topic it does not know is looked
+    up (a metadata request for the topic) before the next try.
     Only a non-retriable error, or one that outlasts ``deadline``, is raised.
     """
+    unknown = (confluent_kafka.KafkaError.UNKNOWN_TOPIC_OR_PART, confluent_kafka.KafkaError._UNKNOWN_PARTITION)
     while True:
         try:
             offsets: tuple[int, int] = consumer.get_watermark_offsets(tp, timeout=10)
@@ -180,3 +184,8 @@ def watermarks(consumer: Any, tp: Any, *, deadline: float) -> tuple[int, int]:
             if not retriable or time.monotonic() >= deadline:
                 raise
             time.sleep(0.2)
+            if getattr(error, "code", lambda: None)() in unknown:
+                try:  # refreshes the client's metadata for the topic
+                    consumer.list_topics(tp.topic, timeout=max(0.5, min(5.0, deadline - time.monotonic())))
+                except confluent_kafka.KafkaException:
+                    pass  # the next try says whether it helped

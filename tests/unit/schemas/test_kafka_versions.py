@@ -23,7 +23,10 @@ class _FlakyOffsets:
     """A consumer whose end-offset reads fail with ``errors`` (in order) before answering."""
 
     def __init__(self, *errors: int) -> None:
-        self.errors, self.calls = list(errors), 0
+        self.errors, self.calls, self.looked_up = list(errors), 0, []
+
+    def list_topics(self, topic, timeout):
+        self.looked_up.append(topic)
 
     def get_watermark_offsets(self, tp, timeout):
         self.calls += 1
@@ -44,8 +47,12 @@ def test_a_partition_missing_from_the_clients_metadata_for_a_moment_is_waited_fo
     # The CI failure this pins: an announcement's confirmation read failed on the client's local
     # "Unknown partition" while a loaded broker's metadata left the reports topic's partition out.
     flaky = _FlakyOffsets(confluent_kafka.KafkaError._UNKNOWN_PARTITION)
-    assert _watermarks(flaky, None, deadline=time.monotonic() + 5) == (0, 7)
+    tp = confluent_kafka.TopicPartition("t.reports", 0)
+    assert _watermarks(flaky, tp, deadline=time.monotonic() + 5) == (0, 7)
     assert flaky.calls == 2
+    # ... and the client was made to look the topic up again: it does not by itself for minutes (in CI the
+    # partition stayed unknown through 10 s of retries).
+    assert flaky.looked_up == ["t.reports"]
 
 
 def test_a_lasting_or_non_retriable_offset_error_is_raised():
