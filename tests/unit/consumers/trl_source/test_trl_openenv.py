@@ -6,7 +6,7 @@ trace, a masked rollout; each encoded as the Kafka sink writes it) and what TRL 
 each, then runs ``trl_checks.py`` with pytest in .venv-vllm and asserts it passed, printing its
 output otherwise. OpenEnv 0.10 imports fastmcp 3, which needs mcp < 2 while vLLM needs mcp >= 2:
 fastmcp and its mcp live in ``.tokentrail/trl-overlay``, on the path of this check only (see
-the install commands in docs/trainer-authors.md). Without .venv-vllm or those packages it is
+`make trl`; docs/trainer-authors.md). Without .venv-vllm or those packages it is
 skipped with the command that installs them, except under CI or ``TOKENTRAIL_REQUIRE_TRL=1``,
 where it fails.
 """
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[4]
 PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 OVERLAY = ROOT / ".tokentrail" / "trl-overlay"
 CHECKS = Path(__file__).with_name("trl_checks.py")
-INSTALL = "the install commands in docs/trainer-authors.md, section \"TRL and OpenEnv\""
+INSTALL = "`make trl` (docs/trainer-authors.md, section \"TRL and OpenEnv\")"
 
 
 def _env() -> dict[str, str]:
