@@ -177,6 +177,9 @@ async def kill_interceptor(ctx: FaultContext) -> str:
     return f"killed with {spooled} spooled, {streaming} stream(s) mid-flight; broker down meanwhile"
 
 
+ABORT_TRIES = 3
+
+
 async def _mid_generation(ctx: FaultContext) -> tuple[int, int]:
     """Wait for a third of the calls and a stream past its first chunk; (calls answered, streams in flight)."""
     await ctx.calls_reach(1 / 3)
@@ -201,9 +204,18 @@ async def stall_engine(ctx: FaultContext) -> str:
 
 
 async def abort_engine(ctx: FaultContext) -> str:
-    at, streaming = await _mid_generation(ctx)
-    await _pause_engine(ctx, "abort", 0.5)
-    return f"engine aborted its generations at call {at} with {streaming} stream(s) mid-flight"
+    # The stream seen mid-flight may end before the pause lands (on a loaded host it did: the short soak's one
+    # abort then aborted nothing). An abort that failed no attempt did not happen: it is tried again at the
+    # next stream, up to ABORT_TRIES times, while rollouts are left.
+    tries = 0
+    while True:
+        tries, failed = tries + 1, ctx.progress.failed
+        at, streaming = await _mid_generation(ctx)
+        await _pause_engine(ctx, "abort", 0.5)
+        if ctx.progress.failed > failed or ctx.progress.done >= ctx.expected_rollouts or tries == ABORT_TRIES:
+            break
+    return (f"engine aborted its generations at call {at} with {streaming} stream(s) mid-flight"
+            + (f" (try {tries}: the earlier aborts found nothing in flight)" if tries > 1 else ""))
 
 
 FAULTS: dict[str, Callable[[FaultContext], Awaitable[str]]] = {

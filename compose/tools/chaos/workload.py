@@ -92,6 +92,7 @@ class Progress:
     acked: int = 0  # calls answered 2xx so far, all rollouts
     streaming: int = 0  # streams past their first chunk and not yet complete
     done: int = 0  # rollouts finished
+    failed: int = 0  # attempts that failed (a 5xx or a broken connection, retried) or ended their rollout
     calls: list[tuple[float, float]] = field(default_factory=list)  # (answered at, seconds) of each answered attempt
 
 
@@ -167,9 +168,11 @@ async def _call(client: openai.AsyncOpenAI, messages: list[dict[str, Any]], stre
                 run.failure = f"deadline passed, last attempt: {why}"[:300]
                 return None
             run.failed_attempts += 1
+            progress.failed += 1
             await asyncio.sleep(_RETRY_S)
         except openai.APIError as exc:
             run.failure = f"{type(exc).__name__}: {str(exc)[:200]}"
+            progress.failed += 1
             return None
 
 
