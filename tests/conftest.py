@@ -81,6 +81,19 @@ def _real_broker_gate(request: pytest.FixtureRequest) -> None:
 
 
 _INTEGRATION = "tests/integration/"
+# Integration modules with no real-vLLM test and no timing they depend on (the collector over the stand-in and
+# the remote agent; the jar broker's own life cycle): each is a unit of work of its own, which the unit tier's
+# worker takes, so ~110 s leave the integration tier's line.
+_BESIDE = ("tests/integration/collect/test_collect_remote_and_local.py",
+           "tests/integration/compose/rig/test_kafka_broker_live.py")
+
+
+def _scope(nodeid: str) -> str:
+    """The unit of work a test belongs to under xdist: the integration tier, a module beside it, or itself."""
+    module = nodeid.split("::", 1)[0]
+    if module in _BESIDE:
+        return module
+    return _INTEGRATION if nodeid.startswith(_INTEGRATION) else nodeid
 
 
 def _xdist_worker() -> bool:
@@ -96,14 +109,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
     """Under pytest-xdist (`make test`: -n 2) the integration tier is one unit of work: one worker runs it, in
-    the order above, with its session broker and engines; the unit tier runs beside it on the other worker,
-    where the single-threaded run left a core mostly idle while tests waited on Kafka. (xdist's own
+    the order above, with its session broker and engines; the unit tier and the ``_BESIDE`` modules run beside
+    it on the other worker, where the single-threaded run left a core mostly idle while tests waited on Kafka. (xdist's own
     ``--dist loadgroup`` cannot say so under pytest 9: it renames ``_nodeid``, which pytest 9 no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class IntegrationAsOneScope(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return _INTEGRATION if nodeid.startswith(_INTEGRATION) else nodeid
+            return _scope(nodeid)
 
     return IntegrationAsOneScope(config, log)
 
@@ -133,7 +146,7 @@ _WARMED: list[bool] = []
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if _xdist_worker() and not _WARMED and item.nodeid.startswith(_INTEGRATION):
+    if _xdist_worker() and not _WARMED and _scope(item.nodeid) == _INTEGRATION:
         _WARMED.append(True)
         _prewarm(item.session.items)
 
