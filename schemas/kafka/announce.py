@@ -176,9 +176,7 @@ class VersionAnnouncer:
     def _ends_to_read(self) -> dict[int, int]:
         """Per partition with reports not read yet, the end offset to read up to (the reports consumer, first made)."""
         if self._consumer is None:
-            self._consumer, first = open_from_start(self.bootstrap, self.reports_topic,
-                                                    f"tokentrail-announce-{uuid.uuid4().hex[:8]}",
-                                                    security=self.security)
+            self._consumer, first = self._open()
             self._next = {tp.partition: 0 for tp in self._consumer.assignment()}
             return first
         ends: dict[int, int] = {}
@@ -189,9 +187,31 @@ class VersionAnnouncer:
                 if high > max(position, low):  # records before `low` are gone (retention): none to wait for
                     ends[partition] = high
         except confluent_kafka.KafkaException as exc:
-            raise TransportError(f"cannot read the end offsets of {self.reports_topic} at {self.bootstrap}: "
-                                 f"{exc}") from exc
+            return self._reopen(exc)
         return ends
+
+    def _open(self) -> tuple[Any, dict[int, int]]:
+        return open_from_start(self.bootstrap, self.reports_topic, f"tokentrail-announce-{uuid.uuid4().hex[:8]}",
+                               security=self.security)
+
+    def _reopen(self, exc: confluent_kafka.KafkaException) -> dict[int, int]:
+        """After the reports consumer could not read an end offset: a new consumer, at the positions read so far.
+
+        Why: in CI a long-lived consumer kept answering librdkafka's local "Unknown partition" through 10 s of
+        retries and metadata lookups (twice in three fresh-clone runs, at the 11th and 19th announcement under
+        a CPU burner), while a new client reads the topic's metadata afresh. TransportError if that fails too.
+        """
+        log.warning("%s: the reports consumer cannot read an end offset (%s); reading on with a new one",
+                    self.reports_topic, exc)
+        assert self._consumer is not None
+        self._consumer.close()
+        self._consumer = None
+        consumer, first = self._open()  # TransportError when the new client cannot read them either
+        positions = {**{tp.partition: 0 for tp in consumer.assignment()}, **self._next}
+        consumer.assign([confluent_kafka.TopicPartition(self.reports_topic, p, at or confluent_kafka.OFFSET_BEGINNING)
+                         for p, at in sorted(positions.items())])
+        self._consumer, self._next = consumer, positions
+        return {p: high for p, high in first.items() if high > positions[p]}
 
     def _fold(self, msg: Any, confirmations: Confirmations) -> None:
         key = (msg.key() or b"").decode("utf-8", "replace")

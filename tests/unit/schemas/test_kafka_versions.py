@@ -63,3 +63,46 @@ def test_a_lasting_or_non_retriable_offset_error_is_raised():
     with pytest.raises(confluent_kafka.KafkaException):
         _watermarks(lasting, None, deadline=time.monotonic() + 0.5)
     assert 1 < lasting.calls < 100
+
+
+class _ReportsConsumer:
+    """The announcer's reports consumer: assigned partitions, closable, and end offsets that may fail."""
+
+    def __init__(self, partitions: list[int], error: int | None = None, high: int = 7) -> None:
+        self.assigned = [confluent_kafka.TopicPartition("t.applied", p, 0) for p in partitions]
+        self.error, self.high, self.closed = error, high, False
+
+    def assignment(self):
+        return self.assigned
+
+    def assign(self, parts):
+        self.assigned = list(parts)
+
+    def close(self):
+        self.closed = True
+
+    def list_topics(self, topic, timeout):
+        pass
+
+    def get_watermark_offsets(self, tp, timeout):
+        if self.error is not None:
+            raise confluent_kafka.KafkaException(confluent_kafka.KafkaError(self.error))
+        return 0, self.high
+
+
+def test_a_reports_consumer_that_lost_its_partition_is_replaced_at_the_positions_read(monkeypatch):
+    # In CI a long-lived reports consumer kept answering "Unknown partition" through 10 s of retries and metadata
+    # lookups, at the 11th and the 19th of twenty announcements: a new client reads on from where the old one was.
+    from schemas.kafka import announce as announce_module
+    from schemas.kafka.announce import VersionAnnouncer
+
+    fresh = _ReportsConsumer([0, 1])
+    monkeypatch.setattr(announce_module, "open_from_start", lambda *a, **k: (fresh, {0: 9, 1: 4}))
+    announcer = VersionAnnouncer("b:9092", topic="t")
+    lost = _ReportsConsumer([0, 1], error=confluent_kafka.KafkaError._UNKNOWN_PARTITION)
+    announcer._consumer, announcer._next = lost, {0: 5, 1: 4}
+    monkeypatch.setattr(announce_module, "watermarks", lambda consumer, tp, deadline: consumer.get_watermark_offsets(tp, 1))
+    ends = announcer._ends_to_read()
+    assert lost.closed and announcer._consumer is fresh
+    assert ends == {0: 9}  # partition 1 was read to its end already
+    assert [(tp.partition, tp.offset) for tp in fresh.assigned] == [(0, 5), (1, 4)]
