@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
+
 from producers.services import engine_client
 from producers.settings import InterceptorSettings
 
@@ -136,3 +138,93 @@ async def test_a_request_on_a_connection_the_engine_dropped_is_sent_again_once()
     finally:
         await client.aclose()
         server.close()
+
+
+# The non-streamed generating call's request, sent on the transport's aiohttp session (producers.engine.direct).
+
+async def test_a_direct_post_shares_the_pool_and_answers_what_the_callers_read():
+    server, port, opened = await _server()
+    client = _client(port)
+    try:
+        for _ in range(3):
+            answer = await client.post_direct("/v1/chat/completions", b"{}", {"content-type": "application/json"})
+            assert answer is not None and answer.status_code == 200 and await answer.aread() == b"ok"
+            await answer.aclose()
+            assert (await client.post("/v1/chat/completions", content=b"{}")).text == "ok"  # the httpx path
+        assert len(opened) == 1  # one connection, pooled across both paths
+    finally:
+        await client.aclose()
+        server.close()
+
+
+async def test_a_direct_post_on_a_connection_the_engine_dropped_is_sent_again_once():
+    opened = []
+
+    async def serve(reader, writer):  # answers one request per connection, drops the next unanswered
+        opened.append(writer)
+        for answered in range(2):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            await reader.readexactly(length)
+            if answered:
+                break
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: text/plain\r\n\r\nok")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    client = _client(server.sockets[0].getsockname()[1])
+    try:
+        for _ in range(2):
+            answer = await client.post_direct("/v1/chat/completions", b"{}", {})
+            assert answer is not None and await answer.aread() == b"ok"
+            await answer.aclose()
+        assert len(opened) == 2
+    finally:
+        await client.aclose()
+        server.close()
+
+
+async def test_closing_an_unread_direct_answer_closes_its_connection():
+    closed = asyncio.Event()
+
+    async def serve(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)  # the request's body, b"{}"
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 1000000\r\ncontent-type: application/json\r\n\r\n{")
+        await writer.drain()
+        if await reader.read() == b"":  # the client closed the connection: vLLM would abort the request
+            closed.set()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    client = _client(server.sockets[0].getsockname()[1])
+    try:
+        answer = await client.post_direct("/v1/chat/completions", b"{}", {})
+        assert answer is not None
+        await answer.aclose()
+        await asyncio.wait_for(closed.wait(), 5)
+    finally:
+        await client.aclose()
+        server.close()
+
+
+async def test_a_direct_post_fails_with_httpx_errors_and_leaves_non_ascii_headers_to_httpx():
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    client = _client(port)
+    try:
+        assert await client.post_direct("/v1/chat/completions", b"{}", {"user-agent": b"h\xe9"}) is None
+        raised = []
+        for send in (lambda: client.post_direct("/v1/chat/completions", b"{}", {}),
+                     lambda: client.post("/v1/chat/completions", content=b"{}")):
+            try:
+                await send()
+            except httpx.TransportError as exc:  # recorded as "model server unreachable: <its repr>"
+                raised.append(type(exc))
+        assert len(raised) == 2 and raised[0] is raised[1]  # the same httpx error on both paths
+    finally:
+        await client.aclose()
