@@ -51,28 +51,41 @@ _UINT64_MAX = (1 << 64) - 1
 _LITTLE_ENDIAN = sys.byteorder == "little"
 assert array("Q").itemsize == 8
 
+# Ids packed per update (64 KiB, under glibc's smallest mmap threshold). A whole-sequence array beside the
+# caller's own list of the ids (a rebuild's trajectory) doubled the heap they span, past glibc's trim threshold
+# (twice the largest block freed so far, about one such list), so every call gave ~2 MiB back to the kernel and
+# faulted it in again: ~480 page faults and ~0.8 ms a 128k-token rebuild (docs/perf/consumer.md). Slicing costs
+# ~2 ns an id; the bytes hashed, and so the digest, are the same.
+_PACK_IDS = 8192
+
 
 def compute_digest(token_ids: Iterable[int]) -> str:
     """Hex SHA-256 of a token sequence; equal sequences, equal digests, in every process."""
     ids = token_ids if isinstance(token_ids, list) else list(token_ids)
     hasher = hashlib.sha256(_TOKENS_DOMAIN)
     if ids:
-        packed = array("Q")
-        try:
-            # C-speed packing that checks every id is an int in [0, 2**64); fromlist borrows each item where
-            # the array constructor takes a reference per id (the one hash a rebuild pays per token).
-            packed.fromlist(ids)
-        except (OverflowError, TypeError) as exc:
-            bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t <= _UINT64_MAX), None)
-            raise ValueError(
-                f"token ids must be integers in [0, 2**64); got {bad!r}: "
-                "negative or non-integer ids are never valid token ids"
-            ) from exc
-        if _LITTLE_ENDIAN:
-            packed.byteswap()  # the digest hashes big-endian ids
         hasher.update(struct.pack(">BQ", DIGEST_VERSION, len(ids)))
-        hasher.update(packed)  # its own buffer: no copy
+        for start in range(0, len(ids), _PACK_IDS):
+            hasher.update(_packed(ids if len(ids) <= _PACK_IDS else ids[start:start + _PACK_IDS], ids))
     return hasher.hexdigest()
+
+
+def _packed(chunk: list[int], ids: list[int]) -> array[int]:
+    """``chunk`` (of ``ids``) as big-endian unsigned 64-bit integers, or ValueError naming the first bad id."""
+    packed = array("Q")
+    try:
+        # C-speed packing that checks every id is an int in [0, 2**64); fromlist borrows each item where
+        # the array constructor takes a reference per id (the one hash a rebuild pays per token).
+        packed.fromlist(chunk)
+    except (OverflowError, TypeError) as exc:
+        bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t <= _UINT64_MAX), None)
+        raise ValueError(
+            f"token ids must be integers in [0, 2**64); got {bad!r}: "
+            "negative or non-integer ids are never valid token ids"
+        ) from exc
+    if _LITTLE_ENDIAN:
+        packed.byteswap()  # the digest hashes big-endian ids
+    return packed
 
 
 def text_digest(text: str) -> str:

@@ -36,7 +36,7 @@ from collections import Counter
 
 from consumers.rebuild.graph import Forest, ancestry, build_forest, chains, resolve_retries
 from consumers.rebuild.identity import carried_summaries
-from consumers.rebuild.links import Node, settle_deferred
+from consumers.rebuild.links import BY_SEQ, Node, settle_deferred
 from consumers.rebuild.projection import project_response_json
 from consumers.rebuild.report import empty_metrics, metrics
 from consumers.rebuild.rules import RebuildRules
@@ -79,7 +79,7 @@ def rebuild(snapshot: Snapshot, rules: RebuildRules = _DEFAULT_RULES) -> Rebuilt
 def _rebuild(snapshot: Snapshot, rules: RebuildRules, reasons: list[MaskReason]) -> RebuiltRollout:
     calls = settle_deferred(snapshot.calls)  # the calls whose parent the fold could not know yet
     first: dict[str, CallCaptured] = {}
-    for sc in sorted(calls, key=lambda c: (c.seq, c.call.model_call_id)):
+    for sc in sorted(calls, key=BY_SEQ):
         first.setdefault(sc.call.model_call_id, sc.call)
     generating = [c for c in first.values() if c.generation_token_ids]
     forest = build_forest(calls, classify_side_calls(generating, rules))

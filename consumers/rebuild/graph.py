@@ -18,6 +18,7 @@ forest:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from consumers.rebuild.links import Links, Node, link_calls
 from consumers.rebuild.sidecalls import SideCall
@@ -37,13 +38,16 @@ class Forest:
         return len(self.links.nodes)
 
 
+_BY_ORDER = attrgetter("call.created_at", "call.model_call_id")  # Node.order_key, with no Python call per node
+
+
 def build_forest(calls: list[SnapshotCall], side: dict[str, SideCall]) -> Forest:
     """Link the calls and keep the policy forest (children lists, roots)."""
     links = link_calls(calls, side)
     live, empty, side_nodes = [], [], []
     # (created_at, call id) order everywhere: the result must not depend on capture order.
-    for node in sorted(links.nodes.values(), key=lambda n: n.order_key):
-        if not node.generation:
+    for node in sorted(links.nodes.values(), key=_BY_ORDER):
+        if not node.call.generation_token_ids:
             empty.append(node.call_id)
         elif node.side is not None:
             side_nodes.append(node)
@@ -54,7 +58,7 @@ def build_forest(calls: list[SnapshotCall], side: dict[str, SideCall]) -> Forest
             node.parent.children.append(node)
     for node in live:
         if len(node.children) > 1:  # a chain's nodes have one child each: nothing to order
-            node.children.sort(key=lambda n: n.order_key)
+            node.children.sort(key=_BY_ORDER)
     for node in live:
         if node.quarantined and node.parent is None:
             _quarantine_subtree(node)  # an unreconstructable prompt: its descendants cannot be rebuilt either
@@ -91,6 +95,8 @@ def retry_groups(live: list[Node]) -> list[list[Node]]:
     Tokens are compared only between siblings whose deltas have the same length: a chain
     (one child per node) compares none, so the grouping is linear in calls, not tokens.
     """
+    if len({id(node.parent) for node in live}) == len(live):
+        return []  # no two nodes share a parent (a chain, one root): no sibling set, nothing to list per node
     siblings: dict[int, list[Node]] = {}
     for node in live:
         siblings.setdefault(id(node.parent), []).append(node)
@@ -146,11 +152,11 @@ def chains(forest: Forest, roots: list[Node] | None = None) -> list[list[Node]]:
             node, at = stack.pop()
             del path[at:]
             path.append(node)
-            kids = [c for c in node.children if not c.quarantined]
+            kids = live_children(node)
             while len(kids) == 1:  # down a run of single children without the stack
                 node = kids[0]
                 path.append(node)
-                kids = [c for c in node.children if not c.quarantined]
+                kids = live_children(node)
             if not kids:
                 out.append(list(path))
             at = len(path)
@@ -171,7 +177,11 @@ def ancestry(node: Node) -> list[Node]:
 
 
 def live_children(node: Node) -> list[Node]:
-    return [c for c in node.children if not c.quarantined]
+    """The node's non-quarantined children; read-only (a chain's node returns its own children list)."""
+    children = node.children
+    if len(children) == 1:  # the common case, a chain: no new list per node
+        return [] if children[0].quarantined else children
+    return [c for c in children if not c.quarantined]
 
 
 def side_groups(forest: Forest) -> list[list[Node]]:

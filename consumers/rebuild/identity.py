@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from consumers.rebuild.links import Node
@@ -279,6 +280,17 @@ class _Leaves:
     def __init__(self, live: list[Node]) -> None:
         self.nodes = [n for n in live if not n.quarantined and not any(not c.quarantined for c in n.children)]
         self._packed: dict[tuple[int, int, int], bytes] = {}
+        self._starts: dict[tuple[int, int], list[int]] = {}
+
+    def windows(self, leaf: Node, width: int) -> Iterator[bytes]:
+        """The leaf's windows, packed as the search asks for them (their starts worked out once per leaf)."""
+        starts = self._starts.get((id(leaf), width))
+        if starts is None:
+            last = len(leaf.generation) - width
+            starts = self._starts[id(leaf), width] = sorted({last // 2, *(last * k // (_WINDOWS - 1)
+                                                                          for k in range(_WINDOWS))})
+        for start in starts:
+            yield self.window(leaf, start, width)
 
     def window(self, leaf: Node, start: int, width: int) -> bytes:
         key = (id(leaf), start, width)
@@ -295,13 +307,12 @@ def _summary_matches(root: Node, tree_of: dict[int, Node], leaves: _Leaves, widt
         return []
     haystack = array("I", prompt).tobytes()
     found = []
+    root_key = root.order_key
     for leaf in leaves.nodes:
         generation = leaf.generation
-        if tree_of[id(leaf)] is root or leaf.order_key >= root.order_key or len(generation) < width:
+        if tree_of[id(leaf)] is root or leaf.order_key >= root_key or len(generation) < width:
             continue  # a generation shorter than the window is too short to tell a summary from a coincidence
-        last = len(generation) - width
-        starts = sorted({last // 2, *(last * k // (_WINDOWS - 1) for k in range(_WINDOWS))})
-        if any(_contains(haystack, leaves.window(leaf, i, width)) for i in starts):
+        if any(_contains(haystack, window) for window in leaves.windows(leaf, width)):
             found.append(leaf)
     return found
 

@@ -47,6 +47,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from consumers.rebuild.sidecalls import SideCall
 from schemas.hashing import compute_digest
@@ -61,7 +62,9 @@ from schemas.lineage_rules import (
 from schemas.records import CallCaptured, ParentResolution, SnapshotCall
 
 RECOVERED = "parent_call_id_missing_recovered"
+BY_SEQ = attrgetter("seq", "call.model_call_id")  # the snapshot's (seq, call id) order, with no Python call per call
 _DEFERRED = PARENT_MISSING + ":"  # the processor's note on a full prompt whose claimed parent it had not folded
+_RARE_NOTES = ("delta_parent_mismatch", _DEFERRED)
 
 
 @dataclass(slots=True, eq=False)
@@ -116,7 +119,7 @@ def settle_deferred(calls: list[SnapshotCall]) -> list[SnapshotCall]:
     if not any(_order_dependent(sc) for sc in calls):
         return calls  # the common case: one pass over the notes
     first: dict[str, SnapshotCall] = {}
-    for sc in sorted(calls, key=lambda c: (c.seq, c.call.model_call_id)):
+    for sc in sorted(calls, key=BY_SEQ):
         first.setdefault(sc.call.model_call_id, sc)
     pending = [sc.call for sc in first.values() if _order_dependent(sc)]
     by_fingerprint: dict[str, list[CallCaptured]] = {}
@@ -173,16 +176,16 @@ def link_calls(calls: list[SnapshotCall], side: dict[str, SideCall]) -> Links:
     """Deduplicate, link, verify and recover; then splice out empty generations and side calls."""
     by_id: dict[str, SnapshotCall] = {}
     conflicts: list[str] = []
-    for sc in sorted(calls, key=lambda c: (c.seq, c.call.model_call_id)):
+    for sc in sorted(calls, key=BY_SEQ):
         first = by_id.get(sc.call.model_call_id)
         if first is None:
             by_id[sc.call.model_call_id] = sc
         elif first.call != sc.call:
             conflicts.append(sc.call.model_call_id)
-    nodes = {
-        cid: Node(sc.call, sc.seq, sc.late, sc.lineage_note, sc.call.prompt_token_ids, side=side.get(cid))
-        for cid, sc in by_id.items()
-    }
+    nodes = {cid: Node(sc.call, sc.seq, sc.late, sc.lineage_note, sc.call.prompt_token_ids) for cid, sc in by_id.items()}
+    for cid, why in side.items():  # the few side calls marked after: no keyword argument and lookup per node
+        if cid in nodes:
+            nodes[cid].side = why
     links = Links(nodes, sorted(set(conflicts)), Counter(), [], [], [])
     for cid in links.conflicts:
         links.failures["duplicate_call_id_conflict"] += 1
@@ -212,12 +215,14 @@ def _link(node: Node, nodes: dict[str, Node], index: _Index, links: Links) -> No
         failed = node.note.startswith("parent_digest_mismatch")
         _boundary(node, links, "parent_digest_mismatch" if failed else "parent_unresolved")
         return
-    if node.note.startswith("delta_parent_mismatch"):
-        _fail(node, links, "delta_chain_unreconstructable")
-        return
-    if node.note.startswith(_DEFERRED) and not call.prompt_is_delta and (call.parent_call_id or "") not in nodes:
-        _recover_deferred(node, index, links)
-        return
+    note = node.note
+    if note.startswith(_RARE_NOTES):  # one check for the two notes below (a linked call's is "verified")
+        if note.startswith("delta_parent_mismatch"):
+            _fail(node, links, "delta_chain_unreconstructable")
+            return
+        if note.startswith(_DEFERRED) and not call.prompt_is_delta and (call.parent_call_id or "") not in nodes:
+            _recover_deferred(node, index, links)
+            return
     # A "delta_parent_missing" note only says the parent was not folded yet when the
     # child was: look it up now, and verify the link here either way.
     parent = nodes.get(call.parent_call_id or "")
@@ -331,13 +336,17 @@ def _ends_with(prompt: list[int], length: int, tail: list[int]) -> bool:
 
 def _break_cycles(nodes: Iterable[Node], links: Links) -> bool:
     """Cut every cycle (possible only in forged snapshots); its members become boundaries."""
-    state: dict[int, int] = {}  # id(node) -> 1 on the current walk, 2 finished
+    state: dict[Node, int] = {}  # node (hashed by identity) -> 1 on the current walk, 2 finished
     found = False
     for start in nodes:
+        parent = start.parent
+        if parent is None or state.get(parent) == 2:
+            state[start] = 2  # the common case: its parent's ancestry is known to end, so does its own
+            continue
         path: list[Node] = []
         node: Node | None = start
-        while node is not None and state.get(id(node)) != 2:
-            if state.get(id(node)) == 1:
+        while node is not None and (seen := state.get(node)) != 2:
+            if seen == 1:
                 cycle = path[path.index(node):]
                 for member in cycle:
                     member.parent = None
@@ -347,11 +356,11 @@ def _break_cycles(nodes: Iterable[Node], links: Links) -> bool:
                         member.delta, member.quarantined = [], True
                 found = True
                 break
-            state[id(node)] = 1
+            state[node] = 1
             path.append(node)
             node = node.parent
         for n in path:
-            state[id(n)] = 2
+            state[n] = 2
     return found
 
 
@@ -365,7 +374,7 @@ def _splice(nodes: dict[str, Node], links: Links) -> None:
     """
     for node in nodes.values():
         parent = node.parent
-        if parent is None or _kept(parent):
+        if parent is None or (parent.call.generation_token_ids and parent.side is None):  # _kept, inlined
             continue
         prefix: list[int] = []
         through_side = False

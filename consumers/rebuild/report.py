@@ -46,7 +46,7 @@ def metrics(
 ) -> CaptureMetrics:
     links = forest.links
     n_calls = forest.n_calls
-    captured = sum(len(n.generation) for n in forest.live)
+    captured = sum([len(n.call.generation_token_ids) for n in forest.live])  # no property call per node
     delivered_tokens = len(trajectory.log_probs) if trajectory is not None else 0
     quarantined = sorted(n.call_id for n in forest.live if n.quarantined)
     detail: dict[str, Any] = {
@@ -60,7 +60,7 @@ def metrics(
             {"call_id": n.call_id, "rule": n.side.rule, "requested_model": n.side.requested_model}
             for n in forest.side if n.side is not None
         ],
-        "delivered_call_ids": [n.call_id for n in delivered] if delivered else [],
+        "delivered_call_ids": [n.call.model_call_id for n in delivered] if delivered else [],
         "chain_reports": chain_reports(forest, all_chains, delivered),
         "terminal": attribution.notes,
         "late_call_ids": sorted({sc.call.model_call_id for sc in snapshot.calls if sc.late}),
@@ -130,6 +130,6 @@ def _report(label: str, kind: str, nodes: list[Node]) -> dict[str, Any]:
     return {
         "label": label,
         "kind": kind,
-        "call_ids": [n.call_id for n in nodes],
-        "generated_tokens": sum(len(n.generation) for n in nodes),
+        "call_ids": [n.call.model_call_id for n in nodes],
+        "generated_tokens": sum([len(n.call.generation_token_ids) for n in nodes]),
     }

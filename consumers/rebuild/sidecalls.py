@@ -51,7 +51,8 @@ def classify_side_calls(calls: list[CallCaptured], rules: RebuildRules) -> dict[
         side.setdefault(call.model_call_id, SideCall(call.model_call_id, rule, call.facts.requested_model))
 
     for call in calls:
-        if call.facts.trace_declared.partition(":")[0] == "side":
+        declared = call.facts.trace_declared
+        if declared and declared.partition(":")[0] == "side":  # most calls declare nothing: no partition
             mark(call, "declared")
     if rules.side_call_models:
         for call in calls:
@@ -89,8 +90,8 @@ def _toolless_short(calls: list[CallCaptured], side: dict[str, SideCall], limit:
     continued = {c.parent_call_id for c in calls if c.parent_call_id}
     for call in calls:
         if (
-            call.model_call_id not in side
-            and call.parent_resolution is ParentResolution.ROOT
+            call.parent_resolution is ParentResolution.ROOT  # first: all but a rollout's first call fail it
+            and call.model_call_id not in side
             and not call.facts.tools_present
             and call.model_call_id not in continued
             and len(call.generation_token_ids) <= limit

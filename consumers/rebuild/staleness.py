@@ -164,7 +164,10 @@ def unknown_version_reason(trajectories: Iterable[Trajectory]) -> MaskReason | N
     labelled with its version, or its span is unknown and the rollout is masked; never a guess).
     """
     calls: dict[str, list[str]] = {}
-    for span in _loss_bearing_spans_of(trajectories):
+    # Only a trajectory holding an unknown span can add to the reason: the others skip the loss-bearing
+    # filter (a slice and scan of the mask per call, every rebuild, for a reason that is rare).
+    suspects = [t for t in trajectories if any(v.version == UNKNOWN_VERSION for s in t.spans for v in s.version_spans)]
+    for span in _loss_bearing_spans_of(suspects):
         unknown = [f"[{v.start}, {v.end})" for v in span.version_spans if v.version == UNKNOWN_VERSION]
         if unknown:
             calls.setdefault(span.model_call_id, []).extend(unknown)

@@ -114,10 +114,11 @@ def attribute_by_heuristic(forest: Forest, n_chains: int) -> Attribution:
         )
     kids = live_children(node)
     while kids:
-        below = [live_children(k) for k in kids]  # each node's live children are listed once on the way down
         if len(kids) == 1:  # a chain: the one child, grown or the last
-            node, kids = kids[0], below[0]
+            node = kids[0]
+            kids = live_children(node)
             continue
+        below = [live_children(k) for k in kids]  # each node's live children are listed once on the way down
         grown = [(k, g) for k, g in zip(kids, below) if g]
         if len(grown) == 1:
             node, kids = grown[0]

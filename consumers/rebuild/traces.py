@@ -14,7 +14,8 @@ Guarantees:
   exactly one trace (a summary's only when ``rules.train_summaries``), and no
   other token is;
 - every trace with a trajectory is contiguous and token-exact: the whole path is
-  rebuilt and checked against the last call's digest (``chain_trajectory``);
+  rebuilt and checked against the last call's digest (``chain_spans``, then
+  ``chain_tokens``: ``chain_trajectory`` in two halves);
 - the traces, their order and their bytes depend on the set of calls and the
   rules, not on the order of events.
 
@@ -32,8 +33,8 @@ from consumers.rebuild.identity import RootIdentity, classify_roots
 from consumers.rebuild.links import Node
 from consumers.rebuild.projection import project_response_json
 from consumers.rebuild.rules import RebuildRules
-from consumers.rebuild.trajectory import ChainError, chain_trajectory
-from schemas.records import MaskCode, MaskReason, Trace, TraceAttachment, TraceKind, Trajectory
+from consumers.rebuild.trajectory import ChainError, chain_spans, chain_tokens
+from schemas.records import CallSpan, MaskCode, MaskReason, Trace, TraceAttachment, TraceKind, Trajectory
 
 
 def build_traces(forest: Forest, terminal: Node | None, unresolved_retries: list[list[str]], rules: RebuildRules,
@@ -61,7 +62,16 @@ def build_traces(forest: Forest, terminal: Node | None, unresolved_retries: list
             for node in path[own_from:]:
                 owner[id(node)] = len(plans)
             plans.append((path, own_from, identities[id(root)], root))
-    traces = [_trace(index, plan, plans, owner, identities, retried, untrained, rules, rollout_id, known)
+    # Every path's spans before any path's per-token arrays: the spans' allocations would otherwise start
+    # garbage collections that walk the young token lists of the traces built before them (docs/perf/consumer.md).
+    spans: dict[int, list[CallSpan] | Exception] = {}
+    for path, *_ in plans:
+        if id(path[-1]) not in known and id(path[-1]) not in spans:
+            try:
+                spans[id(path[-1])] = chain_spans(path)
+            except Exception as exc:  # raised again where the trace is built, as chain_trajectory raised it there
+                spans[id(path[-1])] = exc
+    traces = [_trace(index, plan, plans, owner, identities, retried, untrained, rules, rollout_id, known, spans)
               for index, plan in enumerate(plans)]
     for group in side_groups(forest):
         first = group[0]
@@ -94,7 +104,8 @@ def _trunk_target(tree_chains: list[list[Node]], terminal: Node | None, summarie
 def _trace(index: int, plan: tuple[list[Node], int, RootIdentity, Node],
            plans: list[tuple[list[Node], int, RootIdentity, Node]], owner: dict[int, int],
            identities: dict[int, RootIdentity], retried: dict[str, list[str]], untrained: set[int],
-           rules: RebuildRules, rollout_id: str, known: dict[int, Trajectory]) -> Trace:
+           rules: RebuildRules, rollout_id: str, known: dict[int, Trajectory],
+           spans: dict[int, list[CallSpan] | Exception]) -> Trace:
     path, own_from, ident, root = plan
     own = path[own_from:]
     reasons = list(ident.reasons)
@@ -107,7 +118,7 @@ def _trace(index: int, plan: tuple[list[Node], int, RootIdentity, Node],
                                   detail="a call of this trace was retried and nothing says which retry was kept"))
     trajectory = response = None
     try:
-        full = known.get(id(path[-1])) or chain_trajectory(path)
+        full = known.get(id(path[-1])) or _trajectory(path, spans)
         known[id(path[-1])] = full
         trajectory = _own_part(full, own_from, {n.call_id for n in own if id(n) in untrained})
         if rules.project_response:
@@ -133,6 +144,14 @@ def _trace(index: int, plan: tuple[list[Node], int, RootIdentity, Node],
         call_ids=[n.call_id for n in own], loss_tokens=len(trajectory.log_probs) if trajectory is not None else 0,
         mask_sample=bool(reasons), mask_reasons=reasons,
     )
+
+
+def _trajectory(path: list[Node], spans: dict[int, list[CallSpan] | Exception]) -> Trajectory:
+    """``chain_trajectory(path)``, from the spans (or the error) ``build_traces`` made first."""
+    made = spans.pop(id(path[-1]), None)
+    if isinstance(made, Exception):
+        raise made
+    return chain_tokens(path, made if made is not None else chain_spans(path))
 
 
 def _own_part(full: Trajectory, own_from: int, untrained: set[str]) -> Trajectory:

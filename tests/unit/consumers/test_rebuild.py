@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+from collections import Counter
 
 import pytest
 
@@ -14,7 +15,7 @@ from consumers.rebuild import trajectory as trajectory_module
 from consumers.rebuild.trajectory import ChainError
 from schemas.codec import decode_rebuilt, encode_rebuilt
 from schemas.hashing import compute_digest
-from schemas.records import ParentResolution, SnapshotCall
+from schemas.records import CallSpan, ParentResolution, SnapshotCall, VersionSpan
 from tests.factories import finished, make_call
 from tests.unit.consumers.support import (
     child,
@@ -115,6 +116,43 @@ def test_the_delivered_chain_is_hashed_once_not_per_call(monkeypatch):
     monkeypatch.setattr(links_module, "compute_digest", lambda ids: seen.append(len(ids)) or real(ids))
     assert not rebuild(snap).mask_sample
     assert seen == [calls[-1].cum_len]
+
+
+def test_a_forged_lineage_cycle_is_cut_and_its_members_become_boundaries():
+    a, b, c = root([1], [2]), root([3], [4]), root([5], [6])
+    nodes = [links_module.Node(call, i, False, "", list(call.prompt_token_ids)) for i, call in enumerate((a, b, c))]
+    nodes[0].parent, nodes[1].parent, nodes[2].parent = nodes[1], nodes[0], nodes[1]  # a <-> b, and c below b
+    links = links_module.Links({}, [], Counter(), [], [], [])
+    assert links_module._break_cycles(nodes, links)
+    assert [n.boundary for n in nodes] == ["lineage_cycle", "lineage_cycle", None]
+    assert nodes[0].parent is None and nodes[1].parent is None and nodes[2].parent is nodes[1]
+    assert links.unresolved == [a.model_call_id, b.model_call_id]
+    assert not links_module._break_cycles(nodes, links_module.Links({}, [], Counter(), [], [], []))  # cut for good
+
+
+def test_call_spans_built_by_their_slots_setters_equal_the_records_own(monkeypatch):
+    values = ("c1", 0, 2, 5, "v1,v2", [VersionSpan(version="v1", start=2, end=3)], "engine", "v0")
+    fast = trajectory_module._call_span(*values)
+    assert trajectory_module._call_span.__name__ == "make"  # the setters: CallSpan is the record they were written for
+    assert type(fast) is CallSpan and fast == CallSpan(**dict(zip(trajectory_module._SPAN_FIELDS, values)))
+    assert repr(fast) == repr(CallSpan(**dict(zip(trajectory_module._SPAN_FIELDS, values))))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.start = 1
+
+    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+    class Wider:  # the record grew a field: its own constructor builds it, with the field's default
+        model_call_id: str
+        start: int
+        generation_start: int
+        end: int
+        policy_version: str | None = None
+        version_spans: list = dataclasses.field(default_factory=list)
+        version_source: str = ""
+        dispatch_version: str | None = None
+        extra: int = 7
+
+    monkeypatch.setattr(trajectory_module, "CallSpan", Wider)
+    assert trajectory_module._span_maker()(*values) == Wider(**dict(zip(trajectory_module._SPAN_FIELDS, values)))
 
 
 # -- carrier items and content -------------------------------------------------------

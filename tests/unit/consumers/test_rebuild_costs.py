@@ -4,14 +4,18 @@ Each test counts work a design choice removed and fails if it comes back:
 Python running per token, tokens compared between calls that are not siblings,
 the rebuild re-checking its own projection, a token chunk formatted per carrier
 instead of once, the record's arrays rendered twice or as one Python int per
-mask byte, the projection copied more than twice into the JSONL line, and more
-than one decode, rebuild, render, retire and ack per rollout in the consumer.
+mask byte, the projection copied more than twice into the JSONL line, the chain
+digest packing the whole chain into one array beside the trajectory's list, the
+unknown-version check slicing the loss mask per call when no span is unknown,
+traces mode allocating a trace's spans after other traces' token lists, and more than one decode, rebuild, render, retire and ack per rollout in the consumer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
+import struct
 import sys
 import tracemalloc
 
@@ -22,6 +26,8 @@ import consumers.sinks.plugin as plugin_module
 from consumers.loop import RebuildConsumer
 from consumers.rebuild import RebuildRules, rebuild, to_json_line
 from consumers.rebuild import projection as projection_module
+from consumers.rebuild import staleness as staleness_module
+from consumers.rebuild import traces as traces_module
 from consumers.rebuild import trajectory as trajectory_module
 from consumers.rebuild import validity as validity_module
 from consumers.rebuild.graph import build_forest, resolve_retries, retry_groups
@@ -183,6 +189,47 @@ def test_the_json_line_copies_the_projection_at_most_twice():
 def test_the_chain_digest_is_the_schemas_digest():
     # One home for the digest (its golden vectors: tests/unit/schemas/test_hashing_golden.py).
     assert trajectory_module.compute_digest is compute_digest
+
+
+def test_the_chain_digest_never_packs_the_whole_chain_at_once():
+    # A whole-chain packed array (8 bytes an id) beside the trajectory's own list doubled the heap a rebuild
+    # spans, and glibc trimmed and re-faulted it on every rebuild (docs/perf/consumer.md): the digest packs a
+    # bounded chunk at a time. The bytes hashed are the same: a digest over several chunks equals one made of
+    # the whole packed sequence.
+    ids = [(7 * k) % 50_000 for k in range(100_000)]
+    whole = hashlib.sha256(b"nemo-gym-tokens" + struct.pack(">BQ", 1, len(ids)) + struct.pack(f">{len(ids)}Q", *ids))
+    assert compute_digest(ids) == whole.hexdigest()
+    tracemalloc.start()
+    try:
+        compute_digest(ids)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * len(ids) // 4  # the whole packed chain would be 800 KB
+
+
+def test_the_unknown_version_check_slices_no_mask_when_no_span_is_unknown(long, monkeypatch):
+    seen = []
+    real = staleness_module._loss_bearing_spans_of
+    monkeypatch.setattr(staleness_module, "_loss_bearing_spans_of", lambda ts: seen.append(list(ts)) or real(seen[-1]))
+    out = rebuild(long)
+    # One pass over the spans' versions; the mask is sliced only for a trajectory that holds an unknown span.
+    assert not out.mask_sample and seen == [[]]
+
+
+def test_traces_mode_builds_every_traces_spans_before_any_token_list(monkeypatch):
+    # A trace's spans allocate per call; after another trace's token lists exist, that started a garbage
+    # collection walking them (0.6 ms of a 128k-token tree): spans first, then the per-token arrays.
+    from compose.tools.bench._rebuild_tree import synth_tree_snapshot
+
+    order = []
+    real_spans, real_tokens = traces_module.chain_spans, traces_module.chain_tokens
+    monkeypatch.setattr(traces_module, "chain_spans", lambda path: order.append("spans") or real_spans(path))
+    monkeypatch.setattr(traces_module, "chain_tokens", lambda path, s: order.append("tokens") or real_tokens(path, s))
+    out = rebuild(synth_tree_snapshot(40, 4096), RebuildRules(delivery_mode="traces", project_response=False))
+    assert not out.mask_sample and len(out.traces) > 2
+    assert order.count("tokens") == len(out.traces) - 1  # the delivered chain's trajectory is reused, not rebuilt
+    assert order == ["spans"] * order.count("tokens") + ["tokens"] * order.count("tokens")
 
 
 def test_the_consumer_decodes_rebuilds_renders_retires_and_acks_once_per_rollout(tmp_path, monkeypatch):
