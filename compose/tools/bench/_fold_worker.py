@@ -103,9 +103,11 @@ class _Watch:
         self.first: tuple[int, float, tuple[float, float]] | None = None  # (event index, worker CPU, machine)
         self.last: tuple[int, float, tuple[float, float]] | None = None
         self.spy = PySpy(pid, profile) if profile is not None else None
+        self.spans: list[tuple[float, float]] = []  # (when this bench read a snapshot, when the worker wrote it)
 
-    def snapshot(self, key: bytes) -> None:
+    def snapshot(self, key: bytes, written_ms: int) -> None:
         mark = (self.finishes.get(key, 0), self._cpu(), machine_busy(Path("/proc/stat").read_text()))
+        self.spans.append((time.monotonic(), written_ms / 1000))
         if self.first is None:
             self.first = mark
             if self.spy is not None:
@@ -121,12 +123,18 @@ class _Watch:
         return cpu_seconds(Path(f"/proc/{self.pid}/stat").read_text(), self.ticks)
 
     def cpu_per_event(self) -> float:
-        if self.first is None or self.last is None or self.last[0] <= self.first[0]:
+        """NaN unless this bench read the snapshots as the worker wrote them: a reader that joined late reads
+        them in one burst after the worker went idle, and its marks then span none of the worker's CPU."""
+        if self.first is None or self.last is None or self.last[0] <= self.first[0] or not self._kept_up():
             return float("nan")
         return (self.last[1] - self.first[1]) / (self.last[0] - self.first[0])
 
+    def _kept_up(self) -> bool:
+        (read0, wrote0), (read1, wrote1) = self.spans[0], self.spans[-1]
+        return read1 - read0 >= 0.5 * (wrote1 - wrote0)
+
     def busy(self) -> float:
-        if self.first is None or self.last is None:
+        if self.first is None or self.last is None or not self._kept_up():
             return float("nan")
         (b0, t0), (b1, t1) = self.first[2], self.last[2]
         return (b1 - b0) / max(t1 - t0, 1)
@@ -156,7 +164,7 @@ def _drain(bootstrap: str, topic: str, until: int | None, worker: subprocess.Pop
                 out.append((msg.timestamp()[1], key, len(key) + len(msg.value() or b"")))
                 idle_since = time.monotonic()
                 if watch is not None:
-                    watch.snapshot(key)
+                    watch.snapshot(key, msg.timestamp()[1])
             if until is not None and len(out) >= until:
                 return out
             if until is None and out and time.monotonic() - idle_since > 3:

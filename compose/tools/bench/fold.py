@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import shutil
@@ -182,9 +183,11 @@ def main(args: argparse.Namespace) -> int:
             got = _worker(args, records, event_bytes, rate)
             if got is not None:
                 amp, run = got
-                figures += [figure_line("fold.worker_cpu_us_per_event", run.cpu_per_event_s * 1e6),
-                            figure_line("fold.machine_busy", run.machine_busy),
-                            figure_line("fold.disk_bytes_per_inflight_rollout", run.disk_bytes / args.rollouts)]
+                figures += [figure_line(name, value) for name, value in (
+                    ("fold.worker_cpu_us_per_event", run.cpu_per_event_s * 1e6),
+                    ("fold.machine_busy", run.machine_busy),
+                    ("fold.disk_bytes_per_inflight_rollout", run.disk_bytes / args.rollouts),
+                ) if not math.isnan(value)]  # NaN: not measured in this run (the reader fell behind)
                 budgets = [
                     budget_line("fold.worker_events_s", run.events_s, BUDGET_EVENTS_S, op=">=", baseline=rate),
                     budget_line("fold.worker_vs_pure", run.events_s / rate, BUDGET_VS_PURE, op=">="),
@@ -222,8 +225,12 @@ def _worker(args: argparse.Namespace, records: list[tuple[bytes, bytes]], event_
                 f"changelog bytes, all events; {len(records):,} events in {got.seconds:.2f} s")
         print(f"  vs pure fold {got.events_s / pure_rate:>9.2f}x the pure fold's rate of this run "
               f"(>= {BUDGET_VS_PURE}x)")
-        print(f"  CPU          {got.cpu_per_event_s * 1e6:>9.0f} us per event (the worker's own; machine "
-              f"{got.machine_busy:.0%} busy of {os.cpu_count()} CPUs meanwhile)")
+        if math.isnan(got.cpu_per_event_s):
+            print("  CPU                n/a (this bench read the snapshots after the worker had folded them all, "
+                  "so no span of the worker's CPU was seen; run again, or with more --rollouts)")
+        else:
+            print(f"  CPU          {got.cpu_per_event_s * 1e6:>9.0f} us per event (the worker's own; machine "
+                  f"{got.machine_busy:.0%} busy of {os.cpu_count()} CPUs meanwhile)")
         calls = args.rollouts * args.calls
         print(f"  on disk      {got.disk_bytes / calls / 1024:>9.1f} KiB per in-flight call, "
               f"{got.disk_bytes / args.rollouts / 1024:,.0f} KiB per in-flight rollout (RocksDB SST + WAL "

@@ -44,3 +44,26 @@ def test_make_bench_collects_the_figure_and_budget_lines():
         ("FIGURE", "fold.state_bytes_per_inflight_rollout", "207872", True),
         ("BUDGET", "fold.worker_events_s", "5000", False)]
     assert rows[1].fields["baseline"] == "11000" and rows[1].fields["ratio"] == "0.455"
+
+
+def test_the_worker_cpu_is_not_measured_from_snapshots_read_in_one_late_burst(monkeypatch, tmp_path):
+    # A reader that joined after the worker had folded everything read every snapshot within milliseconds:
+    # the worker's CPU did not move between its marks, and the bench printed 0 us per event. Now NaN (n/a).
+    import math
+
+    from compose.tools.bench import _fold_worker
+
+    cpu = iter([10.0, 10.0, 10.0])
+    clock = iter([100.0, 100.001, 100.002])
+    monkeypatch.setattr(_fold_worker._Watch, "_cpu", lambda self: next(cpu))
+    monkeypatch.setattr(_fold_worker.time, "monotonic", lambda: next(clock))
+    watch = _fold_worker._Watch(pid=1, finishes={b"a": 10, b"b": 20, b"c": 30}, profile=None)
+    for key, written_ms in ((b"a", 1_000), (b"b", 1_400), (b"c", 1_800)):  # the worker wrote them over 0.8 s
+        watch.snapshot(key, written_ms)
+    assert math.isnan(watch.cpu_per_event()) and math.isnan(watch.busy())
+
+    cpu, clock = iter([10.0, 10.2, 10.4]), iter([100.0, 100.4, 100.8])  # read as they were written
+    watch = _fold_worker._Watch(pid=1, finishes={b"a": 10, b"b": 20, b"c": 30}, profile=None)
+    for key, written_ms in ((b"a", 1_000), (b"b", 1_400), (b"c", 1_800)):
+        watch.snapshot(key, written_ms)
+    assert abs(watch.cpu_per_event() - 0.4 / 20) < 1e-9
