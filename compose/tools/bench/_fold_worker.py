@@ -153,7 +153,10 @@ def _drain(bootstrap: str, topic: str, until: int | None, worker: subprocess.Pop
                                          "fetch.message.max.bytes": MAX_MESSAGE_BYTES,
                                          "max.partition.fetch.bytes": MAX_MESSAGE_BYTES,
                                          **(security.librdkafka() if security is not None else {})})
-    consumer.subscribe([topic])
+    # Assigned, not subscribed: a new group's join waits out the broker's initial rebalance delay (3 s), by
+    # which time a fast worker has folded the whole workload, and _Watch's marks would then miss its CPU.
+    partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+    consumer.assign([confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in partitions])
     out: list[tuple[int, bytes, int]] = []
     deadline, idle_since = time.monotonic() + timeout, time.monotonic()
     try:
