@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 
 from producers.services import engine_client
 from producers.settings import InterceptorSettings
@@ -111,9 +112,9 @@ async def test_a_stream_arrives_as_written_and_closing_it_early_closes_the_conne
         server.close()
 
 
-async def test_a_request_on_a_connection_the_engine_dropped_is_sent_again_once():
-    # The race a keep-alive pool runs into: the engine closes an idle connection just as the client reuses
-    # it. Here every connection answers one request, then closes on the next without answering.
+async def _dropping_server():
+    """A server whose every connection answers one request, then drops the next unanswered: the race a
+    keep-alive pool runs into when the engine closes an idle connection just as the client reuses it."""
     opened = []
 
     async def serve(reader, writer):
@@ -129,11 +130,29 @@ async def test_a_request_on_a_connection_the_engine_dropped_is_sent_again_once()
             await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return await asyncio.start_server(serve, "127.0.0.1", 0), opened
+
+
+async def _post_httpx(client):
+    return (await client.post("/v1/chat/completions", content=b"{}")).text.encode()
+
+
+async def _post_direct(client):  # the non-streamed generating call's request (producers.engine.direct)
+    answer = await client.post_direct("/v1/chat/completions", b"{}", {})
+    assert answer is not None
+    try:
+        return await answer.aread()
+    finally:
+        await answer.aclose()
+
+
+@pytest.mark.parametrize("post", [_post_httpx, _post_direct], ids=["httpx", "direct"])
+async def test_a_request_on_a_connection_the_engine_dropped_is_sent_again_once(post):
+    server, opened = await _dropping_server()
     client = _client(server.sockets[0].getsockname()[1])
     try:
-        assert (await client.post("/v1/chat/completions", content=b"{}")).text == "ok"
-        assert (await client.post("/v1/chat/completions", content=b"{}")).text == "ok"  # on a new connection
+        assert await post(client) == b"ok"
+        assert await post(client) == b"ok"  # on a new connection
         assert len(opened) == 2
     finally:
         await client.aclose()
@@ -152,35 +171,6 @@ async def test_a_direct_post_shares_the_pool_and_answers_what_the_callers_read()
             await answer.aclose()
             assert (await client.post("/v1/chat/completions", content=b"{}")).text == "ok"  # the httpx path
         assert len(opened) == 1  # one connection, pooled across both paths
-    finally:
-        await client.aclose()
-        server.close()
-
-
-async def test_a_direct_post_on_a_connection_the_engine_dropped_is_sent_again_once():
-    opened = []
-
-    async def serve(reader, writer):  # answers one request per connection, drops the next unanswered
-        opened.append(writer)
-        for answered in range(2):
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length:")), 0)
-            await reader.readexactly(length)
-            if answered:
-                break
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: text/plain\r\n\r\nok")
-            await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    client = _client(server.sockets[0].getsockname()[1])
-    try:
-        for _ in range(2):
-            answer = await client.post_direct("/v1/chat/completions", b"{}", {})
-            assert answer is not None and await answer.aread() == b"ok"
-            await answer.aclose()
-        assert len(opened) == 2
     finally:
         await client.aclose()
         server.close()
