@@ -100,7 +100,7 @@ def engine_client(settings: InterceptorSettings) -> EngineClient:
 
     return EngineClient(
         session=session,
-        replay=lambda exc: isinstance(exc, aiohttp.ServerDisconnectedError),
+        replay=_engine_dropped,
         read_timeout=settings.engine_timeout_s,
         base_url=settings.upstream_url,
         timeout=httpx.Timeout(settings.engine_timeout_s, connect=10.0),  # a backstop: generation owns its deadlines
@@ -111,7 +111,6 @@ def engine_client(settings: InterceptorSettings) -> EngineClient:
 def _engine_transport(limits: httpx.Limits) -> Any:
     # Imported here: only the proxy builds an engine client. The middleware, loaded into vLLM's own
     # environment (which lacks httpx-aiohttp), reaches its engine through an in-process transport.
-    import aiohttp
     from httpx_aiohttp import AiohttpTransport
 
     class EngineTransport(AiohttpTransport):
@@ -123,11 +122,19 @@ def _engine_transport(limits: httpx.Limits) -> Any:
             try:
                 return await super().handle_async_request(request)
             except httpx.TransportError as exc:
-                if not isinstance(exc.__cause__, aiohttp.ServerDisconnectedError) or not _replayable(request):
+                if not _engine_dropped(exc) or not _replayable(request):
                     raise
                 return await super().handle_async_request(request)
 
     return EngineTransport(limits=limits)
+
+
+def _engine_dropped(exc: httpx.TransportError) -> bool:
+    """Whether the engine closed the pooled connection before any answer (aiohttp's ServerDisconnectedError):
+    it never took the request (or, if it had, aborts it for the closed connection), so it may be sent once more."""
+    import aiohttp
+
+    return isinstance(exc.__cause__, aiohttp.ServerDisconnectedError)
 
 
 def _replayable(request: httpx.Request) -> bool:

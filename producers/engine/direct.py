@@ -58,10 +58,11 @@ class EngineClient(httpx.AsyncClient):
     """httpx's client to the engine, whose transport's aiohttp session also serves ``post_direct``.
 
     ``session`` returns the transport's ``aiohttp.ClientSession`` (created on first use, in the event loop);
-    ``replay`` says whether an aiohttp error means the engine closed the pooled connection before answering.
+    ``replay`` says whether a failed request's httpx error means the engine closed the pooled connection before
+    answering (the transport's own rule, ``producers.services``).
     """
 
-    def __init__(self, *, session: Callable[[], Any], replay: Callable[[BaseException], bool], read_timeout: float,
+    def __init__(self, *, session: Callable[[], Any], replay: Callable[[httpx.TransportError], bool], read_timeout: float,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._direct_session, self._direct_replay, self._direct_read_timeout = session, replay, read_timeout
@@ -94,6 +95,6 @@ class EngineClient(httpx.AsyncClient):
                                                      allow_redirects=False, timeout=self._direct_timeout)
                 return DirectAnswer(response)
             except httpx.TransportError as exc:
-                if attempt == 2 or exc.__cause__ is None or not self._direct_replay(exc.__cause__):
+                if attempt == 2 or not self._direct_replay(exc):
                     raise
         raise AssertionError("unreachable: the second attempt returns or raises")
