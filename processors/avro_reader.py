@@ -6,7 +6,7 @@ function ``read(data, view, pos) -> (record, end)`` that reads one Avro body at
 ``pos`` of ``data`` (``view`` is ``memoryview(data)``) and builds ``cls``
 directly, the way ``schemas.codec.from_avro`` would build it from fastavro's
 datum: the same conversions (schemas.codec's table: enums, nested records,
-lists of records), then the record's ``__post_init__`` (the contract's
+lists of records, hashes to their hex), then the record's ``__post_init__`` (the contract's
 checks). Two differences, both chosen for the fold's hot path:
 
 - packed arrays (token ids, log-probs, float32 or float64) are read-only
@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import Any
 
-from schemas.codec import wire_field_names, with_nested
+from schemas.codec import HashBytes, wire_field_names, with_nested
 from schemas.errors import TokentrailError
 
 Reader = Callable[[bytes, memoryview, int], tuple[Any, int]]
@@ -182,6 +182,8 @@ class _Generator:
         if avro == "bytes":
             if kind is not None and hasattr(kind, "typecode"):  # schemas.codec's packed arrays
                 return [*self._span(), f"{target} = view[pos:end].cast({kind.typecode!r})", "pos = end"]
+            if isinstance(kind, HashBytes) and not kind.many:  # a hash: the record holds its hex
+                return [*self._span(), f"{target} = view[pos:end].hex()", "pos = end"]
             return [*self._span(), f"{target} = data[pos:end]", "pos = end"]
         schema = self.named.get(avro)
         if isinstance(schema, dict) and schema.get("type") == "enum":
@@ -205,7 +207,7 @@ class _Generator:
         return lines
 
     def _array(self, items: Any, kind: Any, target: str) -> list[str]:
-        item_kind = kind[0] if isinstance(kind, list) else None
+        item_kind = kind[0] if isinstance(kind, list) else kind.item if isinstance(kind, HashBytes) else None
         item = self._name("_item_")
         body = self._value(items, item_kind, "value")
         self.lines += [f"def {item}(data, view, pos):", *["    " + line for line in body], "    return value, pos", ""]

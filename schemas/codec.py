@@ -146,19 +146,62 @@ class _LogProbs(_Packed):
         return values.tolist()
 
 
+class HashBytes:
+    """A hash carried as Avro ``bytes``: its raw bytes on the wire, lowercase hex in the record.
+
+    A SHA-256 digest takes 33 bytes instead of 65 (issue 24: the fixed per-call facts). The record
+    keeps the hex string every process compares, logs and hashes, so nothing but the codec sees the
+    change. Only lowercase hex is accepted: it is what ``.hex()`` gives back, so a record decodes to
+    exactly what was encoded (an upper-case or odd-length value is refused, never rewritten).
+    Writers that predate the binary form wrote these fields as Avro strings; their records are read
+    with a reader schema that keeps the string (``_reader_for``), and the string is the value.
+    ``many``: an array of hashes.
+    """
+
+    def __init__(self, *, many: bool = False) -> None:
+        self.many = many
+        self.item = HashBytes() if many else None  # how each element of an array of hashes converts
+
+    def pack(self, value: Any, where: str) -> Any:
+        if self.many:
+            return [self._raw(v, where) for v in value]
+        return self._raw(value, where)
+
+    @staticmethod
+    def _raw(value: Any, where: str) -> bytes:
+        try:
+            raw = bytes.fromhex(value)
+            if raw.hex() == value:
+                return raw
+        except (TypeError, ValueError):
+            pass
+        raise CodecError(f"{where} must be a hash as lowercase hex (even length, 0-9a-f) or empty, got "
+                         f"{value!r:.80}: compute it with schemas.hashing")
+
+    def unpack(self, value: Any) -> Any:
+        if self.many:
+            return [v if type(v) is str else v.hex() for v in value]
+        return value if type(value) is str else value.hex()
+
+
 _BIG_ENDIAN = sys.byteorder == "big"
 _U32 = _Packed("I")
 _F64 = _Packed("d")
 _LOG_PROBS = _LogProbs("generation_log_probs_f32")
+_HEX = HashBytes()
+_HEXES = HashBytes(many=True)
 assert array("I").itemsize == 4 and array("d").itemsize == 8 and array("f").itemsize == 4
 
 Nested = Mapping[type, Mapping[str, Any]]
 
 # Read-only: a module defining its own records passes ``with_nested(...)`` to its codecs instead.
 _NESTED: Nested = MappingProxyType({
-    CallFacts: {"dialect": Dialect, "version_spans": [VersionSpan]},
+    CallFacts: {"dialect": Dialect, "version_spans": [VersionSpan], "tool_schema_digest": _HEX,
+                "system_prompt_digest": _HEX, "opening_text_digests": _HEXES},
     CallCaptured: {"facts": CallFacts, "parent_resolution": ParentResolution, "prompt_token_ids": _U32,
-                   "generation_token_ids": _U32, "generation_log_probs": _LOG_PROBS},
+                   "generation_token_ids": _U32, "generation_log_probs": _LOG_PROBS, "digest": _HEX,
+                   "parent_digest": _HEX, "request_fingerprint": _HEX, "continuation_fingerprint": _HEX,
+                   "continuation_context_digest": _HEX},
     RolloutEvent: {"body": _BODY},
     SnapshotCall: {"call": CallCaptured},
     Snapshot: {"calls": [SnapshotCall], "incomplete_markers": [CallIncomplete], "finished": RolloutFinished},
@@ -215,6 +258,8 @@ def to_avro(obj: Any, table: Nested = _NESTED) -> dict[str, Any]:
             out[name], out[kind.narrow_field] = kind.pack_pair(value)
         elif isinstance(kind, _Packed):
             out[name] = kind.pack(value)
+        elif isinstance(kind, HashBytes):
+            out[name] = kind.pack(value, f"{cls.__name__}.{name}")
         elif isinstance(kind, list):
             out[name] = [to_avro(v, table) for v in value]
         elif isinstance(kind, type) and issubclass(kind, StrEnum):
@@ -239,6 +284,8 @@ def from_avro(cls: type[T], datum: dict[str, Any], table: Nested = _NESTED) -> T
             elif isinstance(kind, _LogProbs):
                 datum[name] = kind.unpack_pair(value, datum.pop(kind.narrow_field, b""))
             elif isinstance(kind, _Packed):
+                datum[name] = kind.unpack(value)
+            elif isinstance(kind, HashBytes):
                 datum[name] = kind.unpack(value)
             elif isinstance(kind, list):
                 datum[name] = [from_avro(kind[0], v, table) for v in value]
@@ -274,9 +321,10 @@ class RecordCodec(Generic[T]):
             # A record's schema file parses to a dict.
             self.schema = cast(dict[str, Any], load_schema(str(path)))
         self.fingerprint = _fingerprint_of(self.schema)
-        self._writers: dict[bytes, Any] = {self.fingerprint: self.schema}
+        # Each writer schema by fingerprint, with the reader schema its records are resolved to.
+        self._writers: dict[bytes, tuple[Any, Any]] = {self.fingerprint: (self.schema, None)}
         for old in _history(schema_name):
-            self._writers.setdefault(_fingerprint_of(old), old)
+            self._writers.setdefault(_fingerprint_of(old), (old, _reader_for(old, self.schema, nested)))
         self._header = MAGIC + self.fingerprint
 
     def encode(self, record: T) -> bytes:
@@ -296,7 +344,7 @@ class RecordCodec(Generic[T]):
                 f"not an Avro single-object encoded {self.schema_name}: expected the marker c301, got {head!r}"
             )
         fp = bytes(data[2:_HEADER_LEN])
-        writer = self._writers.get(fp)
+        writer, reader = self._writers.get(fp, (None, None))
         if writer is None:
             raise SchemaVersionError(
                 f"{self.schema_name} written with unknown schema fingerprint {fp.hex()}: it was probably "
@@ -304,7 +352,6 @@ class RecordCodec(Generic[T]):
             )
         body = io.BytesIO(bytes(data[_HEADER_LEN:]))
         try:
-            reader = None if writer is self.schema else self.schema
             # A record schema decodes to a dict.
             datum = cast(dict[str, Any], fastavro.schemaless_reader(
                 body,
@@ -350,6 +397,62 @@ def _identity(datum: Any) -> str:
             if isinstance(value, str):
                 return f" {name} {value[:80]!r}"
     return ""
+
+
+def _reader_for(writer: Any, current: Any, table: Nested) -> Any:
+    """The reader schema for records of an archived ``writer``: ``current``, except that a hash field
+    (``HashBytes``) the writer wrote as an Avro string is read as one.
+
+    Avro would promote such a string to ``bytes``, and the 64 ASCII bytes of a hex digest are not
+    its 32 raw bytes: reading them as a string gives the value the record holds, unchanged.
+    """
+    hexed = {cls.__name__: {name for name, kind in kinds.items() if isinstance(kind, HashBytes)}
+             for cls, kinds in table.items()}
+    written = _record_fields(writer)
+    changed = False
+
+    def copy(node: Any) -> Any:
+        nonlocal changed
+        if isinstance(node, list):
+            return [copy(n) for n in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: copy(v) for k, v in node.items() if not k.startswith("__")}  # fastavro's parse marks
+        if out.get("type") == "record":
+            short = out["name"].rsplit(".", 1)[-1]
+            for f in out["fields"]:
+                old = written.get(short, {}).get(f["name"]) if f["name"] in hexed.get(short, ()) else None
+                if old == "string" or (isinstance(old, dict) and old.get("items") == "string"):
+                    f["type"], changed = old, True
+        return out
+
+    reader = copy(current)
+    return parse_schema(reader) if changed else current
+
+
+def _record_fields(schema: Any) -> dict[str, dict[str, Any]]:
+    """Every record defined in ``schema``: {short name: {field name: its Avro type}}."""
+    found: dict[str, dict[str, Any]] = {}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, list):
+            for n in node:
+                walk(n)
+        elif isinstance(node, dict):
+            kind = node.get("type")
+            if kind == "record":
+                found.setdefault(node["name"].rsplit(".", 1)[-1], {f["name"]: f["type"] for f in node["fields"]})
+                for f in node["fields"]:
+                    walk(f["type"])
+            elif kind == "array":
+                walk(node["items"])
+            elif kind == "map":
+                walk(node["values"])
+            elif isinstance(kind, (dict, list)):
+                walk(kind)
+
+    walk(schema)
+    return found
 
 
 def _history(schema_name: str) -> list[Any]:

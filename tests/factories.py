@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 
@@ -18,6 +19,36 @@ from schemas.records import (
 )
 
 _counter = itertools.count()
+# The fields schemas.codec carries as raw bytes (HashBytes); writers before that wrote their hex.
+HASH_FIELDS = frozenset({"digest", "parent_digest", "request_fingerprint", "continuation_fingerprint",
+                         "continuation_context_digest", "tool_schema_digest", "system_prompt_digest",
+                         "opening_text_digests"})
+
+
+def as_written_before_binary_hashes(datum):
+    """An Avro datum (``schemas.codec.to_avro``) as writers before binary hashes wrote it: each hash as hex."""
+    if isinstance(datum, dict):
+        return {k: _hex(v) if k in HASH_FIELDS else as_written_before_binary_hashes(v) for k, v in datum.items()}
+    if isinstance(datum, (list, tuple)):
+        return type(datum)(as_written_before_binary_hashes(v) for v in datum)
+    return datum
+
+
+def _hex(value):
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, list):
+        return [_hex(v) for v in value]
+    return value
+
+
+def hashed(label: str) -> str:
+    """A fingerprint or digest named by ``label`` in a test: the SHA-256 hex of it.
+
+    The wire carries hashes as their raw bytes (schemas.codec.HashBytes), so a record's fingerprint
+    must be real hex; tests name them by label and compare through this.
+    """
+    return hashlib.sha256(label.encode()).hexdigest()
 
 
 def make_call(

@@ -9,7 +9,7 @@ import json
 from processors.replay import replay
 from schemas.ids import response_id
 from schemas.records import CallCaptured, ParentResolution, Snapshot, SnapshotCall
-from tests.factories import event, finished, make_call
+from tests.factories import event, finished, hashed, make_call
 
 R = "rollout-r"
 _fp = itertools.count()
@@ -33,7 +33,7 @@ _AFTER = ("output_items_json", "token_item_index")
 def _make(prompt, gen, **kw) -> CallCaptured:
     # tests.factories.make_call fixes the output items; override them afterwards.
     after = {k: kw.pop(k) for k in _AFTER if k in kw}
-    kw.setdefault("continuation_fingerprint", f"fp{next(_fp)}")
+    kw.setdefault("continuation_fingerprint", hashed(f"fp{next(_fp)}"))
     kw.setdefault("facts", {"tools_present": True})
     call = make_call(list(prompt), list(gen), **kw)
     return dataclasses.replace(call, **after) if after else call
@@ -51,7 +51,7 @@ def child(parent: CallCaptured, extra, gen, **kw) -> CallCaptured:
 
 def unresolved(prompt, gen, **kw) -> CallCaptured:
     return _make(prompt, gen, resolution=ParentResolution.UNRESOLVED,
-                 request_fingerprint=kw.pop("request_fingerprint", f"nomatch{next(_fp)}"), **kw)
+                 request_fingerprint=kw.pop("request_fingerprint", hashed(f"nomatch{next(_fp)}")), **kw)
 
 
 def declared(call: CallCaptured, **kw):

@@ -17,7 +17,7 @@ import pytest
 from consumers.rebuild import RebuildRules, rebuild
 from processors.replay import replay
 from schemas.records import ParentResolution, RebuiltRollout
-from tests.factories import event, make_call, started
+from tests.factories import event, hashed, make_call, started
 from tests.unit.consumers.support import R, child, codes, declared, detail, root, tokens, unresolved
 
 GYM = RebuildRules(delivery_mode="gym")
@@ -114,11 +114,11 @@ def test_a_lost_parent_with_no_verified_ancestor_masks():
 
 def ambiguous_rollout():
     """A lost parent whose request fingerprint two verified calls with different tokens share."""
-    p = root([1, 2], [3], continuation_fingerprint="fp-shared")
-    k = child(p, [4], [5], continuation_fingerprint="fp-shared")  # the same fingerprint, longer tokens
-    lost = child(k, [6], [7], continuation_fingerprint="fp-shared")
+    p = root([1, 2], [3], continuation_fingerprint=hashed("fp-shared"))
+    k = child(p, [4], [5], continuation_fingerprint=hashed("fp-shared"))  # the same fingerprint, longer tokens
+    lost = child(k, [6], [7], continuation_fingerprint=hashed("fp-shared"))
     orphan = claimed_full(lost, [8], [9])
-    assert orphan.request_fingerprint == "fp-shared"
+    assert orphan.request_fingerprint == hashed("fp-shared")
     return p, k, orphan
 
 
@@ -136,7 +136,7 @@ def test_two_different_verified_ancestors_are_ambiguous_and_mask_never_guessed(o
 def test_a_late_parent_whose_tokens_do_not_verify_still_masks_in_either_order():
     c1 = root([1, 2, 3], [10, 11])
     drifted = make_call([1, 2, 9, 10, 11, 4], [12], parent=c1.model_call_id, parent_digest=c1.digest,
-                        request_fingerprint=c1.continuation_fingerprint, continuation_fingerprint="fp-drift",
+                        request_fingerprint=c1.continuation_fingerprint, continuation_fingerprint=hashed("fp-drift"),
                         facts={"tools_present": True})
     for order in ([0, 1], [1, 0]):
         out = fold([c1, drifted], declared(drifted), order)

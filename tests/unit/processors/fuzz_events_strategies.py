@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from processors.replay import replay
 from schemas.codec import MAGIC, encode_event, event_codec, to_avro
 from schemas.records import RolloutEvent
-from tests.factories import event, finished, incomplete, retire, started
+from tests.factories import event, finished, hashed, incomplete, retire, started
 from tests.unit.processors.scenarios import RolloutPlan, realistic_rollout, rollout_events
 
 GOOD = ("good-chain-a", "good-scenario-b", "good-scenario-c")
@@ -160,6 +160,10 @@ def _f64s(values: list[float]) -> bytes:
     return struct.pack(f"<{len(values)}d", *values)
 
 
+# A hash field (schemas.codec.HashBytes) as the wire carries it: raw bytes, of any length, or the
+# victim rollout's own fingerprints (processors/scenarios.py names them fp<i> and cfp-<call id>).
+_HASH = st.one_of(st.sampled_from([b"", b"\x00" * 32, *(bytes.fromhex(hashed(f"fp{i}")) for i in range(3))]),
+                  st.binary(max_size=40))
 _U32_BYTES = st.one_of(st.lists(st.integers(0, 2**32 - 1), max_size=12).map(_u32s),
                        st.binary(max_size=30))  # any length: not always a multiple of 4
 _F64_BYTES = st.one_of(st.lists(_FLOAT, max_size=12).map(_f64s), st.binary(max_size=40))
@@ -172,14 +176,13 @@ ABSURD_FIELDS: dict[str, dict[str, st.SearchStrategy]] = {
     "tokentrail.CallCaptured": {
         "model_call_id": st.one_of(_ID, st.sampled_from(VICTIM_CALL_IDS)),
         "created_at": _FLOAT, "prompt_token_ids": _U32_BYTES, "generation_token_ids": _U32_BYTES,
-        "generation_log_probs": _F64_BYTES, "cum_len": _LONG, "digest": _TEXT,
+        "generation_log_probs": _F64_BYTES, "cum_len": _LONG, "digest": _HASH,
         "parent_call_id": st.one_of(st.none(), _ID, st.sampled_from(VICTIM_CALL_IDS + [_SELF])),
         "parent_resolution": st.sampled_from(["ROOT", "RESOLVED", "UNRESOLVED"]),
         "prompt_is_delta": st.booleans(), "token_item_index": st.one_of(st.none(), _INT),
         "output_items_json": _JSON, "routed_experts_json": st.one_of(st.none(), _JSON),
-        "request_fingerprint": st.one_of(_TEXT, st.sampled_from(["fp0", "fp1", "fp2", "cfp-x"])),
-        "continuation_fingerprint": st.one_of(_TEXT, st.sampled_from(["fp0", "fp1", "fp2"])),
-        "continuation_context_len": _INT, "fingerprint_version": _INT, "parent_digest": _TEXT,
+        "request_fingerprint": _HASH, "continuation_fingerprint": _HASH,
+        "continuation_context_len": _INT, "fingerprint_version": _INT, "parent_digest": _HASH,
         "finish_reason": _TEXT,
     },
     "tokentrail.RolloutFinished": {"attempt": _INT, "result_json": _JSON,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from processors.replay import replay
 from schemas.codec import encode_event
 from schemas.records import CallCaptured, ParentResolution, RolloutEvent
-from tests.factories import event, finished, incomplete, make_call, retire, started
+from tests.factories import event, finished, hashed, incomplete, make_call, retire, started
 
 VOCAB = 50_000
 
@@ -69,7 +69,7 @@ def rollout_events(rng: random.Random, rid: str, plan: RolloutPlan | None = None
 
     def add(parent: _Node | None, new: list[int], gen: list[int], fingerprint: str | None = None) -> _Node:
         call_id = ids.call()
-        fp = fingerprint or f"cfp-{call_id}"
+        fp = fingerprint or hashed(f"cfp-{call_id}")
         if parent is None:
             call = make_call(new, gen, call_id=call_id, continuation_fingerprint=fp, created_at=float(len(nodes)))
             node = _Node(call, new + gen, fp)
@@ -132,7 +132,7 @@ def _oddity(rng, ids, parent, nodes, add, publish, tokens, plan) -> None:
             resolution=ParentResolution.UNRESOLVED)
         call_id = ids.call()
         call = make_call(drifted + tokens(plan.new_tokens), tokens(plan.gen_tokens), call_id=call_id,
-                         request_fingerprint=parent.fingerprint, continuation_fingerprint=f"cfp-{call_id}", **claim)
+                         request_fingerprint=parent.fingerprint, continuation_fingerprint=hashed(f"cfp-{call_id}"), **claim)
         publish(call)
     elif kind == "wrong_claim" and len(nodes) > 1:
         # A full prompt claiming another call as parent; the fingerprint leads to the real one.
@@ -140,7 +140,7 @@ def _oddity(rng, ids, parent, nodes, add, publish, tokens, plan) -> None:
         full = parent.cum + tokens(plan.new_tokens)
         call_id = ids.call()
         call = make_call(full, tokens(plan.gen_tokens), call_id=call_id, parent=other.call.model_call_id,
-                         request_fingerprint=parent.fingerprint, continuation_fingerprint=f"cfp-{call_id}")
+                         request_fingerprint=parent.fingerprint, continuation_fingerprint=hashed(f"cfp-{call_id}"))
         publish(call)
     elif kind == "ambiguous":
         # A child whose continuation fingerprint equals its parent's: a later request with that
@@ -156,7 +156,7 @@ def _oddity(rng, ids, parent, nodes, add, publish, tokens, plan) -> None:
         full = parent.cum + tokens(plan.new_tokens)
         call_id = ids.call()
         call = make_call(full, tokens(plan.gen_tokens), call_id=call_id, parent=parent.call.model_call_id,
-                         request_fingerprint=parent.fingerprint, continuation_fingerprint=f"cfp-{call_id}")
+                         request_fingerprint=parent.fingerprint, continuation_fingerprint=hashed(f"cfp-{call_id}"))
         nodes.append(_Node(call, full + list(call.generation_token_ids), call.continuation_fingerprint))
         parent.children += 1
         publish(call)
@@ -173,7 +173,7 @@ def realistic_rollout(n_calls: int, context: int, *, cold: bool = False, generat
     for i in range(n_calls):
         prompt = cum + [(7 * i + j) % 150_000 for j in range(per_call - gen_len)]
         gen = [(11 * i + j) % 150_000 for j in range(gen_len)]
-        kw = dict(continuation_fingerprint=f"fp{i}", request_fingerprint=f"fp{i - 1}" if parent else "",
+        kw = dict(continuation_fingerprint=hashed(f"fp{i}"), request_fingerprint=hashed(f"fp{i - 1}") if parent else "",
                   log_probs=[-0.001 * j for j in range(gen_len)])
         if parent is not None and cold:
             kw["resolution"] = ParentResolution.UNRESOLVED

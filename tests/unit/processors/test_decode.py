@@ -108,6 +108,7 @@ def test_what_the_reader_does_not_mirror_is_left_to_fastavro():
 
 
 _TEXT = st.text(max_size=20)
+_HASH = st.binary(max_size=40).map(bytes.hex)  # a hash field holds lowercase hex of any length (HashBytes)
 # float32 values (what vLLM returns: carried narrow) and any double (carried wide)
 _LOG_PROB = st.one_of(st.floats(width=32, allow_nan=False), st.floats(allow_nan=False))
 _IDS = st.lists(st.integers(0, 2**32 - 1), max_size=20)
@@ -118,7 +119,8 @@ def calls(draw):
     prompt, gen = draw(_IDS), draw(_IDS)
     facts = CallFacts(route=draw(_TEXT), dialect=draw(st.sampled_from(list(Dialect))), streamed=draw(st.booleans()),
                       max_tokens=draw(st.one_of(st.none(), st.integers(-2**31, 2**31 - 1))),
-                      opening_text_digests=draw(st.lists(_TEXT, max_size=3)),
+                      opening_text_digests=draw(st.lists(_HASH, max_size=3)),
+                      tool_schema_digest=draw(_HASH),
                       version_spans=[VersionSpan(version=v, start=s, end=s + 1)
                                      for v, s in draw(st.lists(st.tuples(_TEXT, st.integers(0, 10**6)), max_size=3))],
                       policy_version=draw(st.one_of(st.none(), _TEXT)), continued=draw(st.integers(0, 2**31 - 1)))
@@ -130,7 +132,8 @@ def calls(draw):
         facts=facts, parent_call_id="p" * 32 if resolution is ParentResolution.RESOLVED else None,
         token_item_index=draw(st.one_of(st.none(), st.integers(-2**31, 2**31 - 1))),
         routed_experts_json=draw(st.one_of(st.none(), _TEXT)), finish_reason=draw(_TEXT),
-        output_items_json=draw(_TEXT), request_fingerprint=draw(_TEXT), prefix_supplied=draw(st.booleans()),
+        output_items_json=draw(_TEXT), request_fingerprint=draw(_HASH), prefix_supplied=draw(st.booleans()),
+        continuation_fingerprint=draw(_HASH), parent_digest=draw(_HASH),
     )
 
 

@@ -8,7 +8,7 @@ from processors.fold import fold, fold_raw, snapshot_id_for
 from processors.replay import MemoryState, replay
 from schemas.codec import decode_snapshot, encode_event, encode_snapshot
 from schemas.records import ParentResolution
-from tests.factories import event, finished, incomplete, make_call, retire
+from tests.factories import event, finished, hashed, incomplete, make_call, retire
 
 R = "rollout-1"
 
@@ -25,10 +25,10 @@ def run(events, state=None):
 def three_turns():
     c1 = make_call([1, 2, 3], [10, 11], call_id="a" * 32)
     c2 = make_call([1, 2, 3, 10, 11, 4, 5], [12], call_id="b" * 32, parent=c1.model_call_id,
-                   request_fingerprint="fp1", parent_digest=c1.digest)
-    c1 = dataclasses.replace(c1, continuation_fingerprint="fp1")
-    c2 = dataclasses.replace(c2, continuation_fingerprint="fp2")
-    c3 = make_call([1, 2, 3, 10, 11, 4, 5, 12, 6], [13, 14], call_id="c" * 32, request_fingerprint="fp2",
+                   request_fingerprint=hashed("fp1"), parent_digest=c1.digest)
+    c1 = dataclasses.replace(c1, continuation_fingerprint=hashed("fp1"))
+    c2 = dataclasses.replace(c2, continuation_fingerprint=hashed("fp2"))
+    c3 = make_call([1, 2, 3, 10, 11, 4, 5, 12, 6], [13, 14], call_id="c" * 32, request_fingerprint=hashed("fp2"),
                    resolution=ParentResolution.UNRESOLVED)
     return c1, c2, c3
 

@@ -12,7 +12,7 @@ from processors.snapshot import INTENT_WITHOUT_CAPTURE, MAX_SNAPSHOT_BYTES, SNAP
 from processors.state import call_key, header_codec, header_key
 from schemas.codec import decode_snapshot, encode_event, encode_snapshot
 from schemas.records import ParentResolution
-from tests.factories import event, finished, incomplete, make_call, retire, started
+from tests.factories import event, finished, hashed, incomplete, make_call, retire, started
 from tests.unit.processors.scenarios import realistic_rollout
 
 R = "rollout-life"
@@ -41,8 +41,8 @@ def chain(n: int):
     calls, prev = [], None
     for i in range(n):
         prompt = (prev.cum if prev else []) + [100 + i, 200 + i]
-        call = make_call(prompt, [300 + i], continuation_fingerprint=f"fp{i}",
-                         request_fingerprint=f"fp{i - 1}" if prev else "",
+        call = make_call(prompt, [300 + i], continuation_fingerprint=hashed(f"fp{i}"),
+                         request_fingerprint=hashed(f"fp{i - 1}") if prev else "",
                          **({"parent": prev.call.model_call_id, "delta_of": prev.cum,
                              "parent_digest": prev.call.digest} if prev else {}))
         prev = type("N", (), {"call": call, "cum": prompt + [300 + i]})
@@ -130,11 +130,11 @@ def test_conflicting_payload_is_marked_once_even_when_republished():
 
 def test_forks_stay_a_tree_identical_retries_collapse_different_candidates_are_ambiguous():
     log = Log()
-    root = make_call([1, 2], [3], continuation_fingerprint="fp-root")
-    kids = [make_call([1, 2, 3, 4 + i], [9], request_fingerprint="fp-root", continuation_fingerprint="fp-kid",
+    root = make_call([1, 2], [3], continuation_fingerprint=hashed("fp-root"))
+    kids = [make_call([1, 2, 3, 4 + i], [9], request_fingerprint=hashed("fp-root"), continuation_fingerprint=hashed("fp-kid"),
                       resolution=ParentResolution.UNRESOLVED) for i in range(2)]
     twin = dataclasses.replace(kids[0], model_call_id="f" * 32)  # identical tokens, same fingerprint
-    grandchild = make_call([1, 2, 3, 4, 9, 7], [8], request_fingerprint="fp-kid",
+    grandchild = make_call([1, 2, 3, 4, 9, 7], [8], request_fingerprint=hashed("fp-kid"),
                            resolution=ParentResolution.UNRESOLVED)
     log.publish(*(event(R, c) for c in (root, kids[0], kids[1], twin, grandchild)), event(R, finished()))
     snap = decode_snapshot(build_snapshot(log.state, header_codec().decode(log.state[header_key(R)])).data)
@@ -144,9 +144,9 @@ def test_forks_stay_a_tree_identical_retries_collapse_different_candidates_are_a
     # kids[1] has the same fingerprint but other tokens, so it never verifies for the grandchild;
     # kids[0] and its twin verify with identical tokens: interchangeable, the smallest id wins.
     assert calls[grandchild.model_call_id].parent_call_id == min(kids[0].model_call_id, twin.model_call_id)
-    odd = make_call([1, 2, 3, 4, 9, 5], [6], continuation_fingerprint="fp-root",
-                    request_fingerprint="fp-root", resolution=ParentResolution.UNRESOLVED)
-    after_odd = make_call([1, 2, 3, 4, 9, 5, 6, 1], [2], request_fingerprint="fp-root",
+    odd = make_call([1, 2, 3, 4, 9, 5], [6], continuation_fingerprint=hashed("fp-root"),
+                    request_fingerprint=hashed("fp-root"), resolution=ParentResolution.UNRESOLVED)
+    after_odd = make_call([1, 2, 3, 4, 9, 5, 6, 1], [2], request_fingerprint=hashed("fp-root"),
                           resolution=ParentResolution.UNRESOLVED)
     log.publish(event(R, odd), event(R, after_odd))
     (fin,) = log.publish(event(R, finished()))

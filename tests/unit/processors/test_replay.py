@@ -10,14 +10,14 @@ from processors.replay import MemoryState, replay
 from processors.state import STATE_NESTED, RolloutHeader, header_key
 from schemas import codec
 from schemas.codec import encode_event
-from tests.factories import event, finished, make_call, retire
+from tests.factories import event, finished, hashed, make_call, retire
 
 REPO = Path(__file__).resolve().parents[3]
 R = "rollout-replay"
 
 
 def _events(rid: str = R):
-    c1 = make_call([1, 2, 3], [4], continuation_fingerprint="fp1")
+    c1 = make_call([1, 2, 3], [4], continuation_fingerprint=hashed("fp1"))
     return [event(rid, c1), event(rid, finished())]
 
 

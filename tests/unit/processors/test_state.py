@@ -35,7 +35,7 @@ from processors.stored_call import (
 from schemas.codec import MAGIC, _fingerprint_of, avro_long, avro_string, event_codec, snapshot_codec, to_avro
 from schemas.errors import CodecError
 from schemas.records import CallIncomplete
-from tests.factories import make_call
+from tests.factories import as_written_before_binary_hashes, hashed, make_call
 
 
 @settings(max_examples=200, deadline=None)
@@ -66,7 +66,7 @@ def test_a_fingerprint_index_is_exactly_what_the_codec_writes(entries):
 
 @settings(max_examples=100, deadline=None)
 @given(seq=st.integers(0, 2**31 - 1), late=st.booleans(), note=st.text(max_size=40),
-       prompt=st.lists(st.integers(0, 2**32 - 1), max_size=30), fingerprint=st.text(max_size=70))
+       prompt=st.lists(st.integers(0, 2**32 - 1), max_size=30), fingerprint=st.binary(max_size=35).map(bytes.hex))
 def test_a_stored_call_is_exactly_what_the_codec_writes_and_its_head_reads_back(seq, late, note, prompt, fingerprint):
     call = make_call(prompt, [7, 8], continuation_fingerprint=fingerprint)
     record = StoredCall(seq=seq, payload_digest="d" * 64, call=call, late=late, lineage_note=note,
@@ -98,14 +98,15 @@ def test_a_stored_call_from_an_older_writer_schema_still_reads(old_schema):
         pytest.skip("this archived writer already has the head fields")
     parsed = fastavro.parse_schema(old_schema)
     # A log-prob that is not a float32 value: it stays in the float64 field every writer has.
-    call = make_call([1, 2, 3], [4], continuation_fingerprint="fp-old", log_probs=[-0.1])
+    call = make_call([1, 2, 3], [4], continuation_fingerprint=hashed("fp-old"), log_probs=[-0.1])
     buf = io.BytesIO()
-    datum = {"seq": 3, "payload_digest": "p" * 64, "late": True, "lineage_note": "verified", "call": to_avro(call)}
+    datum = {"seq": 3, "payload_digest": "p" * 64, "late": True, "lineage_note": "verified",
+             "call": as_written_before_binary_hashes(to_avro(call))}
     fastavro.schemaless_writer(buf, parsed, datum)
     data = MAGIC + _fingerprint_of(parsed) + buf.getvalue()
     head = read_stored_call_head(data)
     assert (head.seq, head.late, head.cum_len, head.digest, head.continuation_fingerprint) == (
-        3, True, call.cum_len, call.digest, "fp-old")
+        3, True, call.cum_len, call.digest, hashed("fp-old"))
     assert read_stored_call_link(data) == (call.cum_len, call.digest)
     assert read_stored_call_entry(data)[:2] == (True, "verified")
     assert call_codec().decode(data).call == call
