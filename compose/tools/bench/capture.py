@@ -8,7 +8,11 @@ capture's CPU alone, from the request's bytes to the answer's: no sockets, no HT
 broker, no engine. It is a floor of the deployed figure (``bench interceptor`` and ``bench e2e``
 add uvicorn's HTTP, httpx's sockets and librdkafka), and deterministic enough to compare changes:
 each figure is the best of ``--rounds`` rounds (CPU time, ``time.process_time``), and the same run
-prints the in-memory engine's own cost (a call made straight to it) as the baseline.
+prints the in-memory engine's own cost (a call made straight to it) as the baseline. Once the
+interceptor has started and warmed, the bench freezes the collector's startup heap, as both
+deployments do (the proxy's lifespan: ``producers.call.large_bodies.freeze_startup_heap``; vLLM's
+API server freezes its own after start-up): otherwise every ~100 calls a full collection walks
+every module object, which no deployed interceptor does.
 
 Budget (docs/ARCHITECTURE.md §8): the interceptor at most 1.5 ms of CPU per 8k/512 call, proxy and
 middleware alike; this bench prints the in-process share of it. ``--profile`` prints the top frames
@@ -132,6 +136,7 @@ async def _call(app: Any, path: str, body: bytes) -> None:
 async def _measure(args: argparse.Namespace, stream: bool) -> tuple[float, float, str]:
     import httpx
 
+    from producers.call.large_bodies import freeze_startup_heap
     from producers.http.app import Interceptor
     from producers.settings import InterceptorSettings
 
@@ -155,6 +160,7 @@ async def _measure(args: argparse.Namespace, stream: bool) -> tuple[float, float
     api, request = _request(args.dialect, words, args.gen_tokens, stream)
     for i in range(20):  # warm: imports, caches, the engine catalog
         await _call(app, f"/ng-rollout/warm{i}/training-token-capture{api}", request)
+    freeze_startup_heap()  # as deployed (the module docstring)
     engine_request = _request("chat", words, args.gen_tokens, stream)[1]
     best = base = float("inf")
     for r in range(args.rounds):
