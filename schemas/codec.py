@@ -320,10 +320,13 @@ class RecordCodec(Generic[T]):
             # A record's schema file parses to a dict.
             self.schema = cast(dict[str, Any], load_schema(str(path)))
         self.fingerprint = _fingerprint_of(self.schema)
-        # Each writer schema by fingerprint, with the reader schema its records are resolved to.
-        self._writers: dict[bytes, tuple[Any, Any]] = {self.fingerprint: (self.schema, None)}
+        self._writers: dict[bytes, Any] = {self.fingerprint: self.schema}
         for old in _history(schema_name):
-            self._writers.setdefault(_fingerprint_of(old), (old, _reader_for(old, self.schema, nested)))
+            self._writers.setdefault(_fingerprint_of(old), old)
+        # The reader schema each writer's records resolve to: none for the current writer; an archived
+        # writer's is built on its first record (``_reader_for``), so a process that only encodes (the
+        # interceptor) never builds one.
+        self._readers: dict[bytes, Any] = {self.fingerprint: None}
         self._header = MAGIC + self.fingerprint
 
     def encode(self, record: T) -> bytes:
@@ -343,12 +346,15 @@ class RecordCodec(Generic[T]):
                 f"not an Avro single-object encoded {self.schema_name}: expected the marker c301, got {head!r}"
             )
         fp = bytes(data[2:_HEADER_LEN])
-        writer, reader = self._writers.get(fp, (None, None))
+        writer = self._writers.get(fp)
         if writer is None:
             raise SchemaVersionError(
                 f"{self.schema_name} written with unknown schema fingerprint {fp.hex()}: it was probably "
                 "written by a newer tokentrail; upgrade the reader (pip install -U tokentrail)"
             )
+        reader = self._readers.get(fp, _UNBUILT)
+        if reader is _UNBUILT:
+            reader = self._readers[fp] = _reader_for(writer, self.schema, self.nested)
         body = io.BytesIO(bytes(data[_HEADER_LEN:]))
         try:
             # A record schema decodes to a dict.
@@ -396,6 +402,9 @@ def _identity(datum: Any) -> str:
             if isinstance(value, str):
                 return f" {name} {value[:80]!r}"
     return ""
+
+
+_UNBUILT = object()
 
 
 def _reader_for(writer: Any, current: Any, table: Nested) -> Any:
