@@ -32,8 +32,9 @@ from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import Any
 
-from schemas.codec import HashBytes, wire_field_names, with_nested
+from schemas.codec import wire_field_names, with_nested
 from schemas.errors import TokentrailError
+from schemas.wire_kinds import HashBytes
 
 Reader = Callable[[bytes, memoryview, int], tuple[Any, int]]
 _TABLE = with_nested({})  # the contract's conversion table (read only)

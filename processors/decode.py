@@ -1,6 +1,6 @@
 """Decoding a rollout event for the fold: ``decode_event_with_body``, without its costly parts (pure).
 
-The fold decodes every event it folds. ``schemas.codec.decode_event_with_body``
+The fold decodes every event it folds. ``schemas.event_bytes.decode_event_with_body``
 reads the envelope twice (once to decode, once to find the body bytes), has
 fastavro build a dict of every field and then ``from_avro`` build the records
 from it through keyword arguments, unpacking each token array into a list of
@@ -31,7 +31,8 @@ import sys
 from functools import cache
 
 from processors.avro_reader import Reader, Unsupported, compile_reader, long_at
-from schemas.codec import MAGIC, decode_event_with_body, event_codec
+from schemas.codec import MAGIC, event_codec
+from schemas.event_bytes import decode_event_with_body
 from schemas.records import EVENT_SCHEMA_VERSION, CallCaptured, RolloutEvent
 
 _HEADER_LEN = 10  # magic + 8-byte writer schema fingerprint

@@ -74,8 +74,9 @@ from processors.state import (
 )
 from processors.stored_call import encode_call_body, encode_index_entries, encode_stored_call
 from processors.txn import DeadLetter, FoldResult, Position, StateReader, StateReadError, Txn
-from schemas.codec import encode_event, event_body_bytes
+from schemas.codec import encode_event
 from schemas.errors import CodecError, ContractError
+from schemas.event_bytes import event_body_bytes
 from schemas.ids import validate_model_call_id, validate_rollout_id
 from schemas.records import (
     CallCaptured,

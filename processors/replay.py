@@ -29,8 +29,9 @@ from processors.fold import fold, fold_raw
 from processors.snapshot import build_snapshot
 from processors.state import RolloutHeader, header_codec, header_key, is_rollout_key
 from processors.txn import FoldResult, apply_writes
-from schemas.codec import decode_event, event_id_of
+from schemas.codec import decode_event
 from schemas.errors import CodecError
+from schemas.event_bytes import event_id_of
 from schemas.records import RolloutEvent, Snapshot
 
 __all__ = ["LogRecord", "MemoryState", "Record", "Replayed", "RolloutHeader", "replay"]

@@ -41,8 +41,9 @@ from processors.state import (
     seq_key,
 )
 from processors.stored_call import read_stored_call_entry, read_stored_call_head
-from schemas.codec import avro_long, avro_string, decode_snapshot, encode_snapshot
+from schemas.codec import decode_snapshot, encode_snapshot
 from schemas.errors import ContractError
+from schemas.event_bytes import avro_long, avro_string
 from schemas.kafka.framing import value_limit
 from schemas.kafka.topics import MAX_MESSAGE_BYTES
 from schemas.records import CallIncomplete, IncompleteReason, RolloutFinished, Snapshot

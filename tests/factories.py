@@ -6,6 +6,7 @@ import hashlib
 import itertools
 import json
 
+from schemas.codec import with_nested
 from schemas.hashing import compute_digest
 from schemas.records import (
     CallCaptured,
@@ -17,12 +18,12 @@ from schemas.records import (
     RolloutEvent,
     RolloutFinished,
 )
+from schemas.wire_kinds import HashBytes
 
 _counter = itertools.count()
-# The fields schemas.codec carries as raw bytes (HashBytes); writers before that wrote their hex.
-HASH_FIELDS = frozenset({"digest", "parent_digest", "request_fingerprint", "continuation_fingerprint",
-                         "continuation_context_digest", "tool_schema_digest", "system_prompt_digest",
-                         "opening_text_digests"})
+# The fields the codec's conversion table carries as raw bytes (HashBytes); writers before that wrote their hex.
+HASH_FIELDS = frozenset(name for kinds in with_nested({}).values() for name, kind in kinds.items()
+                        if isinstance(kind, HashBytes))
 
 
 def as_written_before_binary_hashes(datum):

@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 from producers.capture import c_heap
 from producers.capture.spool import UNCERTAIN, Spool
-from schemas.codec import event_id_of
 from schemas.errors import DurabilityError, TransportError
+from schemas.event_bytes import event_id_of
 from schemas.kafka.bridge import AckedProducer, PublishFailed
 from schemas.kafka.scan import TopicReader
 from schemas.kafka.security import KafkaSecurity

@@ -54,7 +54,7 @@ def _table(seed: int, version: int, rows: int, vocab: int, scale: float) -> np.n
             logits = rng.standard_normal((rows, vocab)) * scale
             logits -= logits.max(axis=1, keepdims=True)
             # float32, as vLLM computes log-probs: the values it reports are exactly float32 values
-            # (what the wire carries in 4 bytes, schemas.codec._LogProbs).
+            # (what the wire carries in 4 bytes, schemas.wire_kinds.LogProbs).
             table = (logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))).astype(np.float32)
             table.setflags(write=False)
             if len(_TABLES) >= _TABLES_LIMIT:

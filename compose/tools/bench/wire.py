@@ -10,7 +10,7 @@ by CallCaptured field (the sizing inputs of docs/SCALING.md), and what zlib at
 level 1 makes of each record, as an estimate of what a compressing producer
 (``compression.type``, off in tokentrail's producers: see schemas/kafka/config.py) would save.
 The reference engine returns float32 log-probs as vLLM does, so they travel as float32
-(``schemas.codec.packed_log_probs``). Last, ``BUDGET``/``FIGURE`` lines for ``make bench``.
+(``schemas.wire_kinds.packed_log_probs``). Last, ``BUDGET``/``FIGURE`` lines for ``make bench``.
 """
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ class _Recorder:
     async def produce(self, topic: str, key: bytes, value: bytes) -> tuple[int, int]:
         from dataclasses import replace
 
-        from schemas.codec import decode_event, encode_event, packed_log_probs
+        from schemas.codec import decode_event, encode_event
         from schemas.records import CallCaptured
+        from schemas.wire_kinds import packed_log_probs
 
         size = len(key) + len(value)
         self.bytes += size

@@ -160,7 +160,7 @@ def _f64s(values: list[float]) -> bytes:
     return struct.pack(f"<{len(values)}d", *values)
 
 
-# A hash field (schemas.codec.HashBytes) as the wire carries it: raw bytes, of any length, or the
+# A hash field (schemas.wire_kinds.HashBytes) as the wire carries it: raw bytes, of any length, or the
 # victim rollout's own fingerprints (processors/scenarios.py names them fp<i> and cfp-<call id>).
 _HASH = st.one_of(st.sampled_from([b"", b"\x00" * 32, *(bytes.fromhex(hashed(f"fp{i}")) for i in range(3))]),
                   st.binary(max_size=40))

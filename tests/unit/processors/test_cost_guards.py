@@ -26,7 +26,8 @@ from processors.fold_loop import FoldLoop
 from processors.guard import OffsetGuard
 from processors.replay import MemoryState, replay
 from processors.settings import ProcessorSettings
-from schemas.codec import encode_event, event_body_bytes
+from schemas.codec import encode_event
+from schemas.event_bytes import event_body_bytes
 from schemas.records import CallCaptured
 from tests.factories import event, finished, started
 from tests.unit.processors.scenarios import realistic_rollout

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from processors import decode
 from processors.avro_reader import Unsupported, compile_reader
 from processors.decode import decode_for_fold
-from schemas.codec import decode_event_with_body, encode_event, event_body_bytes, event_codec, from_avro, to_avro
+from schemas.codec import encode_event, event_codec, from_avro, to_avro
+from schemas.event_bytes import decode_event_with_body, event_body_bytes
 from schemas.hashing import compute_digest
 from schemas.records import CallCaptured, CallFacts, Dialect, ParentResolution, VersionSpan
 from tests.factories import event, finished, incomplete, retire, started

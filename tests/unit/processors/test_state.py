@@ -32,8 +32,9 @@ from processors.stored_call import (
     read_stored_call_head,
     read_stored_call_link,
 )
-from schemas.codec import MAGIC, _fingerprint_of, avro_long, avro_string, event_codec, snapshot_codec, to_avro
+from schemas.codec import MAGIC, _fingerprint_of, event_codec, snapshot_codec, to_avro
 from schemas.errors import CodecError
+from schemas.event_bytes import avro_long, avro_string
 from schemas.records import CallIncomplete
 from tests.factories import as_written_before_binary_hashes, hashed, make_call
 

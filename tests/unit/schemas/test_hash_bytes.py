@@ -17,7 +17,7 @@ import pytest
 
 from processors.state import call_codec
 from processors.stored_call import read_stored_call_entry, read_stored_call_head
-from schemas import codec
+from schemas import codec, event_bytes
 from schemas.errors import CodecError
 from schemas.records import CallCaptured, Snapshot, SnapshotCall
 from tests.factories import HASH_FIELDS, as_written_before_binary_hashes, event, finished, hashed, make_call
@@ -90,7 +90,7 @@ def test_an_event_from_the_writer_before_binary_hashes_decodes_to_the_same_hex()
     back = codec.decode_event(old).body
     assert back == call
     # Its body re-encodes in the current (binary) form: what the fold stores and splices.
-    assert codec.event_body_bytes(old) == codec.event_body_bytes(codec.encode_event(event("r", call)))
+    assert event_bytes.event_body_bytes(old) == event_bytes.event_body_bytes(codec.encode_event(event("r", call)))
 
 
 def test_a_snapshot_from_the_writer_before_binary_hashes_decodes_to_the_same_hex():
@@ -112,7 +112,7 @@ def test_a_stored_call_from_the_writer_before_binary_hashes_reads_and_rewrites_i
     assert (head.seq, head.digest, head.continuation_fingerprint) == (4, call.digest, call.continuation_fingerprint)
     # The body the fold splices into a snapshot is the current writer's, so the snapshot decodes.
     _, _, body = read_stored_call_entry(old)
-    assert bytes(body) == codec.event_body_bytes(codec.encode_event(event("r", call)))
+    assert bytes(body) == event_bytes.event_body_bytes(codec.encode_event(event("r", call)))
 
 
 # One CallCaptured event as the current writer encodes it. Readers must decode it for as long as its

@@ -17,7 +17,7 @@ from importlib import resources
 import fastavro
 import pytest
 
-from schemas import codec
+from schemas import codec, wire_kinds
 from schemas.errors import CodecError, ContractError
 from tests.factories import event, make_call
 
@@ -43,7 +43,7 @@ def test_the_golden_event_decodes_to_the_engines_doubles():
 
 def test_float32_values_travel_in_4_bytes_and_widen_back_bit_for_bit():
     values = [_f32(-0.1 * k - 1e-7) for k in range(512)]  # what vLLM's float32 log-probs look like as JSON doubles
-    wide, narrow = codec._LOG_PROBS.pack_pair(values)
+    wide, narrow = wire_kinds.LOG_PROBS.pack_pair(values)
     assert (wide, len(narrow)) == (b"", 4 * 512)
     back = codec.decode_event(codec.encode_event(event("r", make_call([1], list(range(512)), log_probs=values))))
     assert [x.hex() for x in back.body.generation_log_probs] == [x.hex() for x in values]
@@ -53,7 +53,7 @@ def test_float32_values_travel_in_4_bytes_and_widen_back_bit_for_bit():
 
 @pytest.mark.parametrize("value", [-0.1, -1e-300, -1e300, -(2.0**-149) / 3, float("nan")])
 def test_a_value_that_is_not_a_float32_keeps_all_64_bits(value):
-    wide, narrow = codec._LOG_PROBS.pack_pair([-0.5, value])
+    wide, narrow = wire_kinds.LOG_PROBS.pack_pair([-0.5, value])
     assert narrow == b"" and len(wide) == 16
     back = codec.decode_event(codec.encode_event(event("r", make_call([1], [2, 3], log_probs=[-0.5, value]))))
     got = back.body.generation_log_probs[1]
@@ -62,7 +62,7 @@ def test_a_value_that_is_not_a_float32_keeps_all_64_bits(value):
 
 @pytest.mark.parametrize("value", [-0.0, -math.inf, -(2.0**-149), -3.4028234663852886e38])
 def test_float32_edge_values_narrow_exactly(value):
-    _, narrow = codec._LOG_PROBS.pack_pair([value])
+    _, narrow = wire_kinds.LOG_PROBS.pack_pair([value])
     assert len(narrow) == 4
     back = codec.decode_event(codec.encode_event(event("r", make_call([1], [2], log_probs=[value])))).body
     assert back.generation_log_probs[0].hex() == value.hex() and math.copysign(1, back.generation_log_probs[0]) == -1

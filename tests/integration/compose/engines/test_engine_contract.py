@@ -15,7 +15,7 @@ import pytest
 from compose.engines.vllm_rig.engine import SERVED_NAME
 from compose.harnesses.sdk import WEATHER_TOOL
 from compose.rig.stack import LocalStack
-from schemas.codec import packed_log_probs
+from schemas.wire_kinds import packed_log_probs
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_broker, pytest.mark.vllm]
 
@@ -180,7 +180,7 @@ def test_model_cards_and_tokenize_have_the_same_shape(engines):
 
 def test_log_probs_are_float32_values_on_both(engines):
     # vLLM computes log-probs in float32, so each reported double is exactly a float32: the wire
-    # carries them in 4 bytes (schemas.codec.packed_log_probs). The stand-in must report the same kind.
+    # carries them in 4 bytes (schemas.wire_kinds.packed_log_probs). The stand-in must report the same kind.
     for kind, url in engines.items():
         content = _post(url, REQUESTS["tool_call"]).json()["choices"][0]["logprobs"]["content"]
         values = [entry["logprob"] for entry in content]

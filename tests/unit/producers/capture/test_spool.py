@@ -11,8 +11,9 @@ import pytest
 from producers.capture import c_heap
 from producers.capture.durable import DurableWriter
 from producers.capture.spool import UNCERTAIN, Spool
-from schemas.codec import encode_event, event_id_of
+from schemas.codec import encode_event
 from schemas.errors import DurabilityError
+from schemas.event_bytes import event_id_of
 from tests.factories import event, incomplete
 from tests.unit.producers.conftest import vllm_chat_response
 
