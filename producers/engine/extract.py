@@ -66,6 +66,9 @@ def extract_chat_tokens(response: dict[str, Any]) -> EngineTokens | None:
     if not all(present.values()):
         missing = sorted(k for k, v in present.items() if not v)
         raise PartialTokenMetadata(f"engine response lacks {', '.join(missing)} (has the others)")
+    for name, value in (("choices[0].token_ids", generation), ("choices[0].logprobs.content", content)):
+        if not isinstance(value, list):  # a number has no length: named here, not a crash below
+            raise PartialTokenMetadata(f"{name} must be a list, got a JSON {_json_type(value)}")
     assert content is not None and generation is not None  # present, all of them
     if len(content) != len(generation):
         raise PartialTokenMetadata(
@@ -85,6 +88,10 @@ def extract_chat_tokens(response: dict[str, Any]) -> EngineTokens | None:
 
 
 _LOGPROB = itemgetter("logprob")
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "object", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(value), "value")
 
 
 def _check_log_probs(log_probs: array[float], generation: Any) -> None:

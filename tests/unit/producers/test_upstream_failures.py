@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import httpx
 import pytest
@@ -116,6 +117,21 @@ def test_non_finite_or_floored_logprobs_are_partial(value):
         extract_chat_tokens(data)
 
 
+@pytest.mark.parametrize(("field", "value", "named"), [
+    ("token_ids", 5, "choices[0].token_ids must be a list, got a JSON number"),
+    ("token_ids", "ab", "choices[0].token_ids must be a list, got a JSON string"),
+    ("content", 5, "choices[0].logprobs.content must be a list, got a JSON number"),
+    ("content", {"logprob": -0.5}, "choices[0].logprobs.content must be a list, got a JSON object"),
+])
+def test_a_token_field_that_is_not_a_list_is_partial_metadata_naming_it(field, value, named):
+    # A number has no length: it once escaped as a TypeError (a 500 capture_exception, the answer lost to
+    # the harness) where the answer should go back with the capture marked partial.
+    data = vllm_chat_response([1], [2, 3])
+    (data["choices"][0] if field == "token_ids" else data["choices"][0]["logprobs"])[field] = value
+    with pytest.raises(PartialTokenMetadata, match=re.escape(named)):
+        extract_chat_tokens(data)
+
+
 def test_real_logprobs_pass_bit_exact():
     data = vllm_chat_response([1], [2, 3])
     data["choices"][0]["logprobs"]["content"][0]["logprob"] = -9998.999999
@@ -156,3 +172,13 @@ def test_the_cli_refuses_a_logit_mode_and_reads_the_engine_key_from_the_environm
     settings = seen["settings"]
     assert settings.upstream_api_key.get_secret_value() == "k-engine" and "k-engine" not in repr(settings)
     assert settings.logprobs_mode == "raw_logprobs"
+
+
+async def test_an_answer_whose_token_ids_are_a_number_still_reaches_the_harness(interceptor, upstream, publisher):
+    body = vllm_chat_response([1, 2], [3, 4])
+    body["choices"][0]["token_ids"] = 5
+    upstream.responses.append(httpx.Response(200, json=body))
+    r = await interceptor.post(CHAT.format(rid="not-a-list"), json={"model": "policy", "messages": HELLO})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "hi"
+    marker = only(publisher)
+    assert marker.reason == "partial_token_metadata" and "choices[0].token_ids must be a list" in marker.detail
