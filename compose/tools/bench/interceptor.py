@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from compose.tools.bench._measure import cpu_seconds, percentile
+from compose.tools.bench._measure import THREAD_PARTS, cpu_seconds, percentile, thread_cpu
 from compose.tools.bench._pyspy import PySpy, top_frames
 from compose.tools.bench.budgets import budget_line
 from schemas.kafka.security import ENV_VAR as KAFKA_CONFIG_ENV
@@ -195,6 +195,7 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
         server = engine_proc.pid if engine_proc is not None else stack.services["policy"].proc.pid
         capturer = stack.services["interceptor"].proc.pid if deployment == "proxy" else server
         cpu = {"direct": 0.0, "via": 0.0}
+        split = dict.fromkeys(THREAD_PARTS, 0.0)  # the capturer's CPU over the captured rounds, by thread and mode
         spies: list[PySpy] = []
         for round_no in range(args.rounds):
             before = _cpu_s(server)
@@ -204,10 +205,12 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
             if args.profile is not None:
                 spies.append(PySpy(capturer, run_dir / f"profile.{round_no}.raw"))
                 spies[-1].start()
-            before = _cpu_s(capturer)
+            before, parts = _cpu_s(capturer), thread_cpu(capturer)
             via += asyncio.run(_load(via_url, body, args.calls_per_round, args.concurrency, ours, stagger,
                                      engine_seen, hop, seeded=seeded))
             cpu["via"] += _cpu_s(capturer) - before
+            for part, seconds in thread_cpu(capturer).items():
+                split[part] += seconds - parts[part]
             if spies:
                 spies[-1].stop()
         prompt_tokens = _prompt_tokens(stack.policy_url, body)
@@ -242,6 +245,9 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
         capture_cpu = per_via
         print(f"{'interceptor CPU':<24} {_ms(per_via)} per captured call   (the proxy process, from /proc: HTTP in and "
               "out, the capture, the producer)")
+        print(f"{'  by thread':<24} " + ", ".join(f"{part} {split[part] / len(via) * 1000:.2f}"
+                                                   for part in THREAD_PARTS)
+              + " ms per call (/proc/<pid>/task; 10 ms ticks)")
     else:
         capture_cpu = per_via - per_direct
         print(f"{'server CPU':<24} {_ms(per_via)} per captured call, {_ms(per_direct)} per uncaptured call: the "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from compose.tools.bench._measure import cpu_seconds, machine_busy, percentile
+from compose.tools.bench._measure import cpu_seconds, machine_busy, percentile, thread_cpu
 from compose.tools.bench.e2e import STAGE_SPANS, cpu_per_call, finish_to_delivered, read_cpu, stage_breakdown
 
 PATH_MARKS = ["finish.sent", "finish.record", "proc.fetched", "proc.folded", "proc.sent", "proc.snapshot_acked",
@@ -54,6 +54,20 @@ def test_cpu_seconds_from_a_stat_line_whose_command_holds_spaces_and_parens():
     # pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime ...
     stat = "4242 (python (x) y) S 1 2 3 0 -1 4194560 10 0 0 0 250 50 7 3 20 0 1 0 100 0 0"
     assert cpu_seconds(stat, 100) == pytest.approx(3.0)  # utime 250 + stime 50 ticks, not the children's 7 + 3
+
+
+def test_a_process_cpu_split_by_thread_and_mode(tmp_path):
+    # The interceptor bench's "by thread" line: the loop's thread (tid == pid) user and system apart,
+    # librdkafka's rdk:* threads, the rest; a thread whose stat is gone by the time it is read is skipped.
+    ticks = os.sysconf("SC_CLK_TCK")
+    threads = {"4242": "tokentrail (x)", "4243": "rdk:main", "4244": "rdk:broker1", "4245": "python3"}
+    for n, (tid, comm) in enumerate(threads.items()):
+        task = tmp_path / "4242" / "task" / tid
+        task.mkdir(parents=True)
+        (task / "stat").write_text(f"{tid} ({comm}) S 1 2 3 0 -1 4194560 10 0 0 0 {ticks * (n + 1)} {ticks * 2} 7 3 20")
+    (tmp_path / "4242" / "task" / "4246").mkdir()  # ended meanwhile: no stat
+    split = thread_cpu(4242, tmp_path)
+    assert split == {"main user": 1.0, "main system": 2.0, "librdkafka": (2 + 2) + (3 + 2), "other threads": 4 + 2}
 
 
 def test_cpu_of_this_process_agrees_with_the_os_own_account():
