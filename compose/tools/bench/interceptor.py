@@ -228,6 +228,8 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
           f"p99 {_ms(percentile(via, 99) - percentile(direct, 99))}   (budget p50 <= 3 ms, p99 <= 10 ms)")
     if args.stream:
         _stream_figures(args, deployment, cpu, len(via), len(direct))
+        if deployment == "proxy":
+            _print_split(split, len(via))
         _print_profile(args, deployment, spies)
         return
     print(f"{'capture overhead':<24} p50 {_ms(percentile(ours, 50))}   p99 {_ms(percentile(ours, 99))}   "
@@ -245,9 +247,7 @@ def _run(args: argparse.Namespace, deployment: str, bootstrap: str, run_dir: Pat
         capture_cpu = per_via
         print(f"{'interceptor CPU':<24} {_ms(per_via)} per captured call   (the proxy process, from /proc: HTTP in and "
               "out, the capture, the producer)")
-        print(f"{'  by thread':<24} " + ", ".join(f"{part} {split[part] / len(via) * 1000:.2f}"
-                                                   for part in THREAD_PARTS)
-              + " ms per call (/proc/<pid>/task; 10 ms ticks)")
+        _print_split(split, len(via))
     else:
         capture_cpu = per_via - per_direct
         print(f"{'server CPU':<24} {_ms(per_via)} per captured call, {_ms(per_direct)} per uncaptured call: the "
@@ -277,6 +277,11 @@ def _print_profile(args: argparse.Namespace, deployment: str, spies: list[PySpy]
     for line in top_frames(out.read_text(), what=f"the {'proxy' if deployment == 'proxy' else 'server'} "
                                                  "during the captured rounds"):
         print(f"  {line}")
+
+
+def _print_split(split: dict[str, float], calls: int) -> None:
+    print(f"{'  by thread':<24} " + ", ".join(f"{part} {split[part] / calls * 1000:.2f}" for part in THREAD_PARTS)
+          + " ms per call (/proc/<pid>/task; 10 ms ticks)")
 
 
 def _stream_figures(args: argparse.Namespace, deployment: str, cpu: dict[str, float], n_via: int,
