@@ -24,3 +24,13 @@ def test_every_benchmark_module_has_configure_and_main():
 def test_the_bench_commands_parse(argv):
     args = build_parser(argv).parse_args(argv)
     assert args._bench_module.__name__.endswith(argv[1])
+
+
+def test_every_row_of_make_bench_runs_a_benchmark_with_arguments_it_takes():
+    from compose.tools.bench.budgets import BENCHES
+
+    assert "interceptor-stream" in BENCHES  # the streamed proxied call, as the CLI harnesses make them
+    for label, extra in BENCHES.items():
+        argv = ["bench", label.split("-")[0], *extra]
+        args = build_parser(argv).parse_args(argv)  # an unknown option or a bad value exits here
+        assert args._bench_module.__name__.endswith(argv[1]), label
