@@ -92,15 +92,15 @@ def parse(bench: str, output: str) -> list[Row]:
 
 
 def render(rows: list[Row], failed: dict[str, str], seconds: dict[str, float]) -> str:
-    head = f"{'bench':<12} {'figure':<34} {'value':>12} {'budget':>10} {'baseline':>12} {'ratio':>7}  ok"
+    head = f"{'bench':<18} {'figure':<40} {'value':>12} {'budget':>10} {'baseline':>12} {'ratio':>7}  ok"
     lines = [head, "-" * len(head)]
     for row in rows:
         f = row.fields
-        lines.append(f"{row.bench:<12} {row.name:<34} {f.get('value', ''):>12} {f.get('budget', '-'):>10} "
+        lines.append(f"{row.bench:<18} {row.name:<40} {f.get('value', ''):>12} {f.get('budget', '-'):>10} "
                      f"{f.get('baseline', ''):>12} {f.get('ratio', ''):>7}  "
                      f"{'-' if row.kind == 'FIGURE' else ('yes' if row.ok else 'NO')}")
     for bench, why in failed.items():
-        lines.append(f"{bench:<12} {'(the benchmark failed)':<34} {why}")
+        lines.append(f"{bench:<18} {'(the benchmark failed)':<40} {why}")
     lines.append("")
     lines.append("took " + ", ".join(f"{b} {s:.0f} s" for b, s in seconds.items()))
     return "\n".join(lines)
@@ -114,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
         if args.only and bench not in args.only:
             continue
         argv = [sys.executable, "-m", "compose.cli", "bench", bench.split("-")[0], *extra]
-        print(f"== tokentrail bench {bench} {' '.join(extra)}", flush=True)
+        print(f"== tokentrail bench {' '.join(argv[4:])}", flush=True)
         start = time.monotonic()
         out = subprocess.run(argv, capture_output=True, text=True)
         seconds[bench] = time.monotonic() - start
