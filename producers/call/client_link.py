@@ -3,8 +3,9 @@
 ``ClientLink`` is what the pump (``producers.call.stream``) and the response share: the queue of events for
 the client, how many the server took (its send returned) and how many generated tokens they carried, and
 whether the client left before the end. Events queued together are handed in one send (one write to the
-client's socket): the same bytes, in the same order, never held back to wait for more. ``ClientStream`` is the SSE response that drains it and tells the
-link when it is over, however it ended (a client gone, a failed send, the request cancelled).
+client's socket): the same bytes, in the same order, never held back to wait for more. ``ClientStream``
+is the SSE response that drains it and tells the link when it is over, however it ended (a client gone,
+a failed send, the request cancelled).
 """
 
 from __future__ import annotations

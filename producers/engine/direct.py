@@ -5,11 +5,11 @@ builds it): everything that talks to the engine uses httpx's API. The one reques
 makes (``producers.call.dispatch.send_chat``) skips httpx's layers instead: ``EngineClient.post_direct``
 sends it on the same ``aiohttp.ClientSession``, so the same pool, limits and idle expiry, and answers a
 ``DirectAnswer``, which has the four things a caller uses of an httpx response: ``status_code``,
-``aread()``, ``aiter_bytes()`` (a stream, read by ``producers.engine.sse_lines``) and ``aclose()``. A
-streamed call's chunks then reach the relay from aiohttp's reads with no httpx generator in between
-(four of them per network read on httpx's way: raw, bytes, text, lines). Building the ``httpx.Request``, its URL parse and
-the response wrapper cost ~0.65 ms of CPU per 8k/512 call on loopback (1.0 vs 0.3 ms per request,
-docs/perf/interceptor.md), a tenth of the proxy's CPU per call.
+``aread()``, ``aiter_bytes()`` (a stream, read by ``producers.engine.sse_lines``) and ``aclose()``.
+Building the ``httpx.Request``, its URL parse and the response wrapper cost ~0.65 ms of CPU per 8k/512
+call on loopback (1.0 vs 0.3 ms per request, docs/perf/interceptor.md), a tenth of the proxy's CPU per
+call; a streamed call's chunks also skip httpx's four generators per network read (raw, bytes, text,
+lines).
 
 Guarantees, the same as the httpx path's:
 

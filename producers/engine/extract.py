@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
+from producers.dialects.common import json_type
 from schemas.errors import ContractError
 
 # vLLM-only fields the interceptor asks for upstream (return_token_ids, return_weight_versions,
@@ -68,7 +69,7 @@ def extract_chat_tokens(response: dict[str, Any]) -> EngineTokens | None:
         raise PartialTokenMetadata(f"engine response lacks {', '.join(missing)} (has the others)")
     for name, value in (("choices[0].token_ids", generation), ("choices[0].logprobs.content", content)):
         if not isinstance(value, list):  # a number has no length: named here, not a crash below
-            raise PartialTokenMetadata(f"{name} must be a list, got a JSON {_json_type(value)}")
+            raise PartialTokenMetadata(f"{name} must be a list, got a JSON {json_type(value)}")
     assert content is not None and generation is not None  # present, all of them
     if len(content) != len(generation):
         raise PartialTokenMetadata(
@@ -88,10 +89,6 @@ def extract_chat_tokens(response: dict[str, Any]) -> EngineTokens | None:
 
 
 _LOGPROB = itemgetter("logprob")
-
-
-def _json_type(value: Any) -> str:
-    return {dict: "object", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(value), "value")
 
 
 def _check_log_probs(log_probs: array[float], generation: Any) -> None:
