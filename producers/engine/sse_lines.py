@@ -14,7 +14,7 @@ Guarantees:
 * It works on bytes (orjson reads them as they are), with no text decoding: a stream that is not UTF-8 is
   refused where its JSON is read, as before.
 * Per chunk, one C-level split (``bytes.split`` on LF, or ``bytes.splitlines`` when the chunk holds a CR);
-  no Python work per byte.
+  no Python work per byte, and a line that spans many chunks is joined once (linear in its length).
 """
 
 from __future__ import annotations
@@ -26,19 +26,23 @@ __all__ = ["sse_lines"]
 
 async def sse_lines(chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
     """The SSE lines of the body that ``chunks`` delivers, line ends stripped (the module's guarantees)."""
-    rest = b""
+    pending: list[bytes] = []  # a line's start, over as many chunks as it spans (joined once: linear)
     async for chunk in chunks:
         if not chunk:
             continue
-        data = rest + chunk if rest else chunk
+        if b"\n" not in chunk and b"\r" not in chunk:  # the middle of a long line (a 128k prompt's ids)
+            pending.append(chunk)
+            continue
+        data = b"".join((*pending, chunk)) if pending else chunk
         # A CR last may be the first half of a CRLF: it is decided with the next chunk.
         held = data.endswith(b"\r")
         lines = _split(data[:-1] if held else data)
         rest = lines.pop() + (b"\r" if held else b"")
+        pending = [rest] if rest else []
         for line in lines:
             yield line
-    if rest:
-        lines = _split(rest)
+    if pending:
+        lines = _split(b"".join(pending))
         if not lines[-1]:  # the stream ended on a line end (a held CR)
             lines.pop()
         for line in lines:

@@ -60,3 +60,10 @@ async def test_a_token_holding_a_line_separator_stays_in_its_chunk():
 async def test_a_crlf_split_across_chunks_is_one_line_end_and_a_last_cr_ends_the_stream():
     assert await _lines([b"data: 1\r", b"\ndata: 2\r"]) == [b"data: 1", b"data: 2"]
     assert await _lines([b"a\r", b"", b"b"]) == [b"a", b"b"]
+
+
+async def test_a_line_over_many_chunks_comes_out_whole():
+    # A 128k-token prompt's ids arrive as one ~800 KB line over many network reads.
+    line = b"data: {\"prompt_token_ids\":[" + b",".join(b"%d" % i for i in range(20000)) + b"]}"
+    chunks = [line[i:i + 997] for i in range(0, len(line), 997)] + [b"\n\ndata: [DONE]\n\n"]
+    assert await _lines(chunks) == [line, b"", b"data: [DONE]", b""]
