@@ -2,10 +2,8 @@
 
 ``ClientLink`` is what the pump (``producers.call.stream``) and the response share: the queue of events for
 the client, how many the server took (its send returned) and how many generated tokens they carried, and
-whether the client left before the end. Events queued together are handed in one send (one write to the
-client's socket): the same bytes, in the same order, never held back to wait for more. ``ClientStream``
-is the SSE response that drains it and tells the link when it is over, however it ended (a client gone,
-a failed send, the request cancelled).
+whether the client left before the end. ``ClientStream`` is the SSE response that drains it and tells the
+link when it is over, however it ended (a client gone, a failed send, the request cancelled).
 """
 
 from __future__ import annotations
@@ -26,14 +24,12 @@ __all__ = ["ClientLink", "ClientStream"]
 class ClientLink:
     """The client's side of one stream, as the pump sees it: what was queued, what the server took, who left."""
 
-    __slots__ = ("queue", "queued", "handed", "sends", "tokens_handed", "ended", "left", "committed", "pump",
-                 "_drained")
+    __slots__ = ("queue", "queued", "handed", "tokens_handed", "ended", "left", "committed", "pump", "_drained")
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue()
         self.queued = 0  # events queued for the client
         self.handed = 0  # events the server took (its send returned)
-        self.sends = 0  # the server's sends they took (events queued together share one)
         self.tokens_handed = 0  # generated tokens in what the server took
         self.ended = False  # the end of the stream was handed to the server
         self.left = False  # the client went away before that
@@ -49,25 +45,11 @@ class ClientLink:
         self.queue.put_nowait(None)
 
     async def body(self) -> AsyncIterator[bytes]:
-        queue = self.queue
-        ending = False
-        while not ending and (item := await queue.get()) is not None:
-            # The events queued meanwhile (the engine delivered several chunks in one read, or the loop was
-            # busy) go in the same send: one write to the client's socket instead of one per token, the same
-            # bytes in the same order. Only what is queued already is joined: nothing waits for more.
-            pieces, tokens = [item[0]], item[1]
-            while not queue.empty():
-                more = queue.get_nowait()
-                if more is None:
-                    ending = True
-                    break
-                pieces.append(more[0])
-                tokens = more[1]
-            yield pieces[0] if len(pieces) == 1 else b"".join(pieces)
-            # Resumed: the server's send of those events returned.
-            self.handed += len(pieces)
-            self.sends += 1
-            self.tokens_handed = tokens
+        while (item := await self.queue.get()) is not None:
+            yield item[0]
+            # Resumed: the server's send of that event returned.
+            self.handed += 1
+            self.tokens_handed = item[1]
             if self._drained is not None and self.handed >= self.queued and not self._drained.done():
                 self._drained.set_result(None)
         self.ended = True

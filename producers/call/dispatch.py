@@ -206,9 +206,9 @@ async def send_chat(svc: CaptureServices, call: Call, body: dict[str, Any], head
                 # httpx takes str and bytes header values mixed; its type hint says one or the other.
                 # A large body's encode (~2 ms per MB) leaves the loop with the rest of its preparation.
                 content = await svc.bodies.offload(orjson.dumps, body) if call.large else orjson.dumps(body)
-                # The request skips httpx's layers where the proxy can (producers.engine.direct).
+                # A JSON answer skips httpx's layers where the proxy can (producers.engine.direct).
                 upstream: Any = (await client.post_direct(path, content, headers)
-                                 if isinstance(client := svc.upstream, EngineClient) else None)
+                                 if not stream and isinstance(client := svc.upstream, EngineClient) else None)
                 if upstream is None:
                     request = svc.upstream.build_request("POST", path, content=content,
                                                          headers=headers)  # type: ignore[arg-type]

@@ -49,7 +49,6 @@ from producers.capture.core import Call
 from producers.capture.version_clock import VersionClock
 from producers.engine import continuation
 from producers.engine.chat_stream import ChatStreamAccumulator
-from producers.engine.sse_lines import sse_lines
 from producers.http.replies import durability_error
 from schemas.records import IncompleteReason
 
@@ -225,7 +224,7 @@ async def _relay(upstream: Any, acc: ChatStreamAccumulator, out: StreamAdapter, 
     chunk on that route, none on the chat route); a chunk it refuses is CallIncomplete(partial_token_metadata).
     """
     versions = call.versions
-    lines = sse_lines(upstream.aiter_bytes())  # split as SSE splits, not as str.splitlines (a token may hold U+2028)
+    lines = upstream.aiter_lines()
     while True:
         try:
             line = await anext(lines)
@@ -234,10 +233,10 @@ async def _relay(upstream: Any, acc: ChatStreamAccumulator, out: StreamAdapter, 
         except Exception as exc:  # any transport failure, httpx's or an in-process upstream's
             return IncompleteReason.STREAM_INTERRUPTED, f"engine stream broke after {acc.chunks} chunks: {exc!r}"
         watch.seen()
-        if not line.startswith(b"data:"):
+        if not line.startswith("data:"):
             continue
         data = line[5:].strip()
-        if data == b"[DONE]":
+        if data == "[DONE]":
             return None
         try:
             chunk = orjson.loads(data)

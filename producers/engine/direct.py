@@ -1,15 +1,13 @@
-"""The proxy's engine client, and the generating call's request sent straight on aiohttp.
+"""The proxy's engine client, and the non-streamed generating call's request sent straight on aiohttp.
 
 ``EngineClient`` is an ``httpx.AsyncClient`` over an aiohttp transport (``producers.services.engine_client``
-builds it): everything that talks to the engine uses httpx's API. The one request every captured call
-makes (``producers.call.dispatch.send_chat``) skips httpx's layers instead: ``EngineClient.post_direct``
-sends it on the same ``aiohttp.ClientSession``, so the same pool, limits and idle expiry, and answers a
-``DirectAnswer``, which has the four things a caller uses of an httpx response: ``status_code``,
-``aread()``, ``aiter_bytes()`` (a stream, read by ``producers.engine.sse_lines``) and ``aclose()``.
-Building the ``httpx.Request``, its URL parse and the response wrapper cost ~0.65 ms of CPU per 8k/512
-call on loopback (1.0 vs 0.3 ms per request, docs/perf/interceptor.md), a tenth of the proxy's CPU per
-call; a streamed call's chunks also skip httpx's four generators per network read (raw, bytes, text,
-lines).
+builds it): everything that talks to the engine uses httpx's API. The one request every non-streamed
+captured call makes (``producers.call.dispatch.send_chat``) skips httpx's layers instead:
+``EngineClient.post_direct`` sends it on the same ``aiohttp.ClientSession``, so the same pool, limits and
+idle expiry, and answers a ``DirectAnswer``, which has the three things a caller uses of an httpx
+response: ``status_code``, ``aread()`` and ``aclose()``. Building the ``httpx.Request``, its URL parse and
+the response wrapper cost ~0.65 ms of CPU per 8k/512 call on loopback (1.0 vs 0.3 ms per request,
+docs/perf/interceptor.md), a tenth of the proxy's CPU per call.
 
 Guarantees, the same as the httpx path's:
 
@@ -24,7 +22,7 @@ Guarantees, the same as the httpx path's:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -47,17 +45,6 @@ class DirectAnswer:
             content: bytes = await self._response.read()
         self._read = True
         return content
-
-    async def aiter_bytes(self) -> AsyncIterator[bytes]:
-        """The body as it arrives (a stream's network reads), with httpx's errors; read to its end, the
-        connection goes back to the pool."""
-        from httpx_aiohttp.transport import map_aiohttp_exceptions
-
-        content = self._response.content
-        with map_aiohttp_exceptions():
-            async for data in content.iter_any():
-                yield data
-        self._read = True
 
     async def aclose(self) -> None:
         # Unread, the connection is closed, not pooled: vLLM aborts a request whose connection closes.
