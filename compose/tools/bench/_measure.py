@@ -18,8 +18,14 @@ def percentile(values: list[float], p: float) -> float:
 
 def cpu_seconds(stat: str, ticks_per_s: float) -> float:
     """utime + stime of a ``/proc/<pid>/stat`` line, in seconds (the command name may hold spaces and ')')."""
+    user, system = _times(stat)
+    return (user + system) / ticks_per_s
+
+
+def _times(stat: str) -> tuple[int, int]:
+    """(utime, stime) clock ticks of a ``/proc/<pid>/stat`` line (fields 14 and 15 of proc(5), after pid and comm)."""
     fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / ticks_per_s  # fields 14 and 15 of proc(5), after pid and comm
+    return int(fields[11]), int(fields[12])
 
 
 def thread_cpu(pid: int, proc: Path = Path("/proc")) -> dict[str, float]:
@@ -36,8 +42,8 @@ def thread_cpu(pid: int, proc: Path = Path("/proc")) -> dict[str, float]:
         except OSError:  # ended meanwhile
             continue
         comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat.rsplit(")", 1)[1].split()
-        user, system = int(fields[11]) / ticks, int(fields[12]) / ticks
+        utime, stime = _times(stat)
+        user, system = utime / ticks, stime / ticks
         if task.name == str(pid):
             out["main user"] += user
             out["main system"] += system
